@@ -1,0 +1,53 @@
+# Lyceum: `make run` serves the app, `make test` runs the whole suite.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/lyceum
+
+.PHONY: run test test-fast lint format chromium bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py collectstatic --noinput --verbosity 0
+	$(PY) manage.py setup_demo
+	$(PY) -m daphne -b 127.0.0.1 -p $(PORT) chatsite.asgi:application
+
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "Chromium is missing: run 'sudo apt-get install -y chromium'"; exit 1; fi; \
+	fi
+
+test: $(VENV)/.installed-dev chromium
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+	DATABASE_URL=$(PG_TEST_URL) $(VENV)/bin/pytest -q -m persistence
+
+test-fast: $(VENV)/.installed-dev
+	$(VENV)/bin/pytest -q -m "not browser"
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: $(VENV)/.installed-dev
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) staticfiles db.sqlite3* test_db*.sqlite3*

@@ -1,0 +1,57 @@
+"""Fetch-with-permission for chats. Nothing reads a chat by id any other way.
+
+Chat knows only owners. Other apps (classroom: a teacher watching a student)
+grant extra access by registering a policy, so chat never imports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import ValidationError
+from django.http import Http404
+
+from chat.models import ChatSession
+
+
+class ChatAction(StrEnum):
+    VIEW = "view"  # read the chat and follow it live
+    WRITE = "write"  # send messages, approve tools, cancel, switch model
+    MANAGE = "manage"  # rename, delete
+
+
+ChatPolicy = Callable[[Any, ChatSession, ChatAction], bool]
+_policies: list[ChatPolicy] = []
+
+
+def register_chat_policy(policy: ChatPolicy) -> None:
+    """A policy returns True to grant ``action`` on ``chat`` to ``user``."""
+    if policy not in _policies:
+        _policies.append(policy)
+
+
+def can_access_chat(user, chat: ChatSession, action: ChatAction = ChatAction.VIEW) -> bool:
+    if not user.is_authenticated or not user.is_active:
+        return False
+    if chat.owner_id == user.pk:
+        return True
+    return any(policy(user, chat, action) for policy in _policies)
+
+
+def access_chat(user, chat_id, action: ChatAction = ChatAction.VIEW) -> ChatSession:
+    """The chat, if ``user`` may perform ``action`` on it; otherwise 404 (never 403:
+    another user's chat must look exactly like a chat that does not exist)."""
+    try:
+        chat = ChatSession.objects.select_related("owner").get(pk=chat_id)
+    except (ChatSession.DoesNotExist, ValidationError, ValueError):
+        raise Http404("No such chat") from None
+    if not can_access_chat(user, chat, action):
+        raise Http404("No such chat")
+    return chat
+
+
+async def aaccess_chat(user, chat_id, action: ChatAction = ChatAction.VIEW) -> ChatSession:
+    return await sync_to_async(access_chat)(user, chat_id, action)

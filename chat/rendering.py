@@ -1,0 +1,82 @@
+"""Markdown for model output: rendered on the server, then sanitised.
+
+Model output is untrusted. markdown-it runs with raw HTML disabled, code is
+highlighted by Pygments, external images become plain links (never loaded),
+and nh3 cleans the final HTML with a small allow-list, so whatever slips past
+the renderer cannot carry script, event handlers or dangerous URLs.
+"""
+
+from __future__ import annotations
+
+import html
+from functools import lru_cache
+
+import nh3
+from markdown_it import MarkdownIt
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import get_lexer_by_name
+from pygments.util import ClassNotFound
+
+ALLOWED_TAGS = {
+    "a", "abbr", "b", "blockquote", "br", "code", "del", "div", "em", "h1", "h2", "h3",
+    "h4", "h5", "h6", "hr", "i", "kbd", "li", "ol", "p", "pre", "s", "span", "strong",
+    "sub", "sup", "table", "tbody", "td", "th", "thead", "tr", "ul",
+}  # fmt: skip
+ALLOWED_ATTRIBUTES = {
+    "*": {"class"},
+    "a": {"href", "title"},
+    "td": {"align"},
+    "th": {"align"},
+    "ol": {"start"},
+    "code": {"data-lang"},
+    "pre": {"data-lang"},
+}
+URL_SCHEMES = {"http", "https", "mailto"}
+_FORMATTER = HtmlFormatter(nowrap=True)
+
+
+def _highlight(code: str, lang: str, _attrs: str) -> str:
+    try:
+        lexer = get_lexer_by_name(lang) if lang else None
+    except ClassNotFound:
+        lexer = None
+    language = html.escape(lang or "text", quote=True)
+    body = highlight(code, lexer, _FORMATTER) if lexer else html.escape(code)
+    return (
+        f'<pre class="code highlight" data-lang="{language}">'
+        f'<code data-lang="{language}">{body}</code></pre>\n'
+    )
+
+
+def _render_image_as_link(_renderer, tokens, idx, _options, _env) -> str:
+    token = tokens[idx]
+    src = html.escape(token.attrGet("src") or "", quote=True)
+    alt = html.escape(token.content or "image")
+    # External images are never loaded: they would leak the reader's IP and that
+    # the chat was opened. The reader can follow the link on purpose.
+    return f'<a class="blocked-image" href="{src}" title="Image not loaded">[image: {alt}]</a>'
+
+
+@lru_cache(maxsize=1)
+def _markdown() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False, "highlight": _highlight})
+    md.enable(["table", "strikethrough"])
+    md.add_render_rule("image", _render_image_as_link)
+    return md
+
+
+def sanitize_html(fragment: str) -> str:
+    return nh3.clean(
+        fragment,
+        tags=ALLOWED_TAGS,
+        attributes=ALLOWED_ATTRIBUTES,
+        url_schemes=URL_SCHEMES,
+        link_rel="noopener noreferrer nofollow",
+        strip_comments=True,
+    )
+
+
+def render_markdown(text: str) -> str:
+    """Markdown → safe HTML (sanitised after rendering)."""
+    return sanitize_html(_markdown().render(text or ""))

@@ -1,0 +1,130 @@
+"""The event store: the only code that writes or reads ``ChatEvent`` rows.
+
+Context (the ``session`` channel) is written only at safe cuts; display events
+get the next gap-free ``seq`` under a row lock on the chat, so concurrent
+writers (a run, a teacher stepping in, a second tab) never collide or skip.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from chat.core import eventlog
+from chat.core.messages import ChatMessage
+from chat.models import ChatEvent, ChatSession
+
+SESSION = ChatEvent.Channel.SESSION
+DISPLAY = ChatEvent.Channel.DISPLAY
+_SEQ_FIELD = {SESSION: "last_session_seq", DISPLAY: "last_display_seq"}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def append_events(chat_id, channel: str, payloads: Iterable[dict[str, Any]]) -> list[ChatEvent]:
+    """Append events to one channel with consecutive seqs, atomically."""
+    payloads = list(payloads)
+    if not payloads:
+        return []
+    field = _SEQ_FIELD[channel]
+    with transaction.atomic():
+        last = ChatSession.objects.select_for_update().values_list(field, flat=True).get(pk=chat_id)
+        rows = [
+            ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
+            for i, p in enumerate(payloads, start=1)
+        ]
+        ChatEvent.objects.bulk_create(rows)
+        ChatSession.objects.filter(pk=chat_id).update(
+            **{field: last + len(rows)}, updated_at=timezone.now()
+        )
+    return rows
+
+
+def append_display(chat_id, payloads: Iterable[dict[str, Any]]) -> list[ChatEvent]:
+    return append_events(chat_id, DISPLAY, payloads)
+
+
+def append_display_messages(chat_id, messages: Iterable[ChatMessage]) -> list[ChatEvent]:
+    stamp = now_ms()
+    return append_display(chat_id, [eventlog.msg_event(m, stamp) for m in messages])
+
+
+def persist_context(chat_id, context: list[ChatMessage], persisted: int) -> int:
+    """Write ``context[persisted:cut]`` where ``cut`` is the safe cut; returns the new count."""
+    cut = eventlog.safe_cut(context, persisted)
+    if cut > persisted:
+        stamp = now_ms()
+        append_events(
+            chat_id, SESSION, [eventlog.msg_event(m, stamp) for m in context[persisted:cut]]
+        )
+    return cut
+
+
+def restore_context(chat_id, messages: list[ChatMessage]) -> None:
+    """Replace context from here on (compaction, repair); earlier events stay in the log."""
+    append_events(chat_id, SESSION, [eventlog.restore_event(messages)])
+
+
+def _events_from_last_reset(chat_id, channel: str):
+    """Events from the newest ``clear``/``restore`` on: replay never needs anything older."""
+    events = ChatEvent.objects.filter(chat_id=chat_id, channel=channel)
+    reset_seq = events.filter(kind__in=[eventlog.CLEAR, eventlog.RESTORE]).aggregate(
+        seq=Max("seq")
+    )["seq"]
+    if reset_seq is not None:
+        events = events.filter(seq__gte=reset_seq)
+    return events.order_by("seq").values_list("payload", flat=True)
+
+
+def load_context(chat_id) -> list[ChatMessage]:
+    """Replay the session channel, repairing orphans (and recording the repair)."""
+    loaded = eventlog.load(_events_from_last_reset(chat_id, SESSION))
+    repair = loaded.repair_event()
+    if repair is not None:
+        append_events(chat_id, SESSION, [repair])
+    return loaded.messages
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+
+
+def display_events_after(chat_id, after_seq: int, limit: int | None = None) -> list[StoredEvent]:
+    rows = ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, seq__gt=after_seq).order_by(
+        "seq"
+    )
+    if limit is not None:
+        rows = rows[:limit]
+    return [
+        StoredEvent(seq, kind, payload)
+        for seq, kind, payload in rows.values_list("seq", "kind", "payload")
+    ]
+
+
+def display_events_before(chat_id, before_seq: int | None, limit: int) -> list[StoredEvent]:
+    """The ``limit`` display events just before ``before_seq`` (the newest when None), oldest first."""
+    rows = ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY)
+    if before_seq is not None:
+        rows = rows.filter(seq__lt=before_seq)
+    newest = rows.order_by("-seq").values_list("seq", "kind", "payload")[:limit]
+    return [StoredEvent(seq, kind, payload) for seq, kind, payload in reversed(list(newest))]
+
+
+def load_display_messages(chat_id) -> list[ChatMessage]:
+    """Display channel as messages (display ``restore`` events are honoured, never written)."""
+    return eventlog.replay(_events_from_last_reset(chat_id, DISPLAY))
+
+
+def create_chat(owner, *, title: str = "", model: str = "") -> ChatSession:
+    return ChatSession.objects.create(owner=owner, title=title[:200], model=model)

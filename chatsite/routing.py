@@ -1,0 +1,3 @@
+"""WebSocket routes (consumers arrive with the live chat)."""
+
+websocket_urlpatterns: list = []

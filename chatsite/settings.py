@@ -1,0 +1,202 @@
+"""Lyceum settings: one module, driven by the environment.
+
+Embedded defaults (SQLite, in-memory channel layer, the offline demo model) make
+``make run`` work with nothing configured. Production switches on with
+``DEBUG=0`` plus ``SECRET_KEY``, ``ALLOWED_HOSTS`` and usually ``DATABASE_URL`` /
+``REDIS_URL``. Every value is validated here; a bad one stops start-up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from chatsite.env import (
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DEBUG = env_bool("DEBUG", True)
+
+_DEV_SECRET = "lyceum-insecure-development-key-change-me-0123456789abcdefghijklmnop"
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+    SECRET_KEY = _DEV_SECRET
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
+if not DEBUG and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",  # before staticfiles: makes runserver serve ASGI
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "chat",
+    "classroom",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "chatsite.middleware.ContentSecurityPolicyMiddleware",
+]
+
+ROOT_URLCONF = "chatsite.urls"
+ASGI_APPLICATION = "chatsite.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "chat.context_processors.roles",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": database_from_url(DATABASE_URL)}
+    DATABASES["default"]["TEST"] = {"NAME": env_str("TEST_DATABASE_NAME", "test_lyceum")}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": Path(env_str("SQLITE_PATH") or BASE_DIR / "db.sqlite3"),
+            "OPTIONS": {
+                # WAL lets the page read while a run writes; IMMEDIATE makes a writer take
+                # the lock at BEGIN, so two writers queue on the busy timeout instead of
+                # failing with "database is locked" when a reader upgrades.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+            # A file, not :memory:, so a live server in another process sees test data.
+            "TEST": {"NAME": BASE_DIR / "test_db.sqlite3"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Channels ---------------------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- Auth -------------------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+# --- I18n / static ------------------------------------------------------------------------------
+LANGUAGE_CODE = "en"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+# --- Security -----------------------------------------------------------------------------------
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+if not DEBUG:
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+    "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
+}
+
+# --- Lyceum -------------------------------------------------------------------------------------
+LYCEUM_DEMO_PASSWORD = env_str("LYCEUM_DEMO_PASSWORD")
+LYCEUM_WORKSPACE_ROOT = Path(env_str("LYCEUM_WORKSPACE_ROOT") or BASE_DIR / "workspaces")
+LYCEUM_RUNNER = env_choice("LYCEUM_RUNNER", "inprocess", {"inprocess", "worker"})
+if LYCEUM_RUNNER == "worker" and not REDIS_URL:
+    raise ImproperlyConfigured("LYCEUM_RUNNER=worker needs REDIS_URL (runs travel over Redis)")
+LYCEUM_WORKER_CHANNEL = env_str("LYCEUM_WORKER_CHANNEL", "lyceum-runs")
+
+# Providers: an environment bootstrap; admins manage the rest in the database.
+LYCEUM_OPENAI_BASE_URL = env_str("LYCEUM_OPENAI_BASE_URL")
+LYCEUM_OPENAI_API_KEY = env_str("LYCEUM_OPENAI_API_KEY")
+LYCEUM_OPENAI_MODELS = env_list("LYCEUM_OPENAI_MODELS")
+LYCEUM_CONNECT_TIMEOUT = env_float("LYCEUM_CONNECT_TIMEOUT", 10.0, minimum=0.01)
+LYCEUM_FIRST_BYTE_TIMEOUT = env_float("LYCEUM_FIRST_BYTE_TIMEOUT", 60.0, minimum=0.01)
+LYCEUM_IDLE_TIMEOUT = env_float("LYCEUM_IDLE_TIMEOUT", 60.0, minimum=0.01)
+LYCEUM_MAX_RETRIES = env_int("LYCEUM_MAX_RETRIES", 3, minimum=0)
+LYCEUM_RUN_GUARD_SECONDS = env_float("LYCEUM_RUN_GUARD_SECONDS", 300.0, minimum=1)
+LYCEUM_APPROVAL_TIMEOUT = env_float("LYCEUM_APPROVAL_TIMEOUT", 900.0, minimum=1)
+LYCEUM_TOOL_TIMEOUT = env_float("LYCEUM_TOOL_TIMEOUT", 30.0, minimum=0.1)
+LYCEUM_DEMO_TOKEN_DELAY = env_float("LYCEUM_DEMO_TOKEN_DELAY", 0.03, minimum=0)
+LYCEUM_STREAM_PUSH_INTERVAL = env_float("LYCEUM_STREAM_PUSH_INTERVAL", 0.2, minimum=0)
+LYCEUM_CHECKPOINT_INTERVAL = env_float("LYCEUM_CHECKPOINT_INTERVAL", 1.0, minimum=0.05)
+LYCEUM_MAX_FRAME_BYTES = env_int("LYCEUM_MAX_FRAME_BYTES", 64 * 1024, minimum=1024)
+LYCEUM_HOOKS = env_list("LYCEUM_HOOKS")
