@@ -21,6 +21,7 @@ run: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0
 	$(PY) manage.py setup_demo
+	$(PY) manage.py recover_runs --all
 	$(PY) -m daphne -b 127.0.0.1 -p $(PORT) chatsite.asgi:application
 
 chromium:

@@ -46,10 +46,11 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "channels",
-    "django_htmx",
+    # chat before channels: its runworker command (with the run sweeper) wins.
     "chat",
     "classroom",
+    "channels",
+    "django_htmx",
 ]
 
 MIDDLEWARE = [
@@ -105,7 +106,7 @@ else:
                 "timeout": 20,
             },
             # A file, not :memory:, so a live server in another process sees test data.
-            "TEST": {"NAME": BASE_DIR / "test_db.sqlite3"},
+            "TEST": {"NAME": Path(env_str("SQLITE_TEST_PATH") or BASE_DIR / "test_db.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

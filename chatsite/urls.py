@@ -16,5 +16,6 @@ urlpatterns = [
         name="password_change_done",
     ),
     path("admin/", admin.site.urls),
+    path("api/v1/", include("chat.api.urls")),
     path("", include("chat.urls")),
 ]

@@ -73,19 +73,36 @@ class LiveChannels:
         self.context.append(message)
         self.release_held()
 
-    def push_labelled(self, message: ChatMessage) -> None:
-        """A sender-labelled message: clean in display, wrapped in context."""
+    def push_labelled(self, message: ChatMessage, *, display: bool = True) -> None:
+        """A sender-labelled message: clean in display, wrapped in context.
+
+        ``display=False`` writes the context side only (a sub-agent's tool-call note,
+        whose display side is a structured card).
+        """
         if not message.sender_name:
             raise ValueError("push_labelled needs a message with sender_name")
         sender = message.sender_name
         clean = strip_agent_xml_tag(sender, message.content)
-        self.display.append(message.copy(content=clean))
+        if display:
+            self.display.append(message.copy(content=clean))
         # Always queue behind anything already held, so arrival order is kept.
         self.held.append(message.copy(content=wrap_for_context(sender, clean), extra={}))
         self.release_held()
 
     def push_display_only(self, message: ChatMessage) -> None:
         self.display.append(message)
+
+    def push_context_only(self, message: ChatMessage) -> None:
+        """A message people already see (a queued user message, a resumed tool call)."""
+        if message.role != Role.TOOL and not message.is_tool_request:
+            self._flush_held()
+        self.context.append(message)
+        self.release_held()
+
+    def replace_context(self, messages: list[ChatMessage]) -> None:
+        """Compaction: a new context list; anything held still follows it."""
+        self.context[:] = list(messages)
+        self.release_held()
 
     def release_held(self) -> None:
         if self.held and not self.tool_group_open:

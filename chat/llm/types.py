@@ -91,6 +91,7 @@ class ErrorCategory(StrEnum):
     TIMED_OUT = "timed_out"
     MALFORMED_STREAM = "malformed_stream"
     INTERRUPTED = "interrupted"  # the process running the reply went away
+    INTERNAL = "internal"  # a bug on our side, not the provider's
     CANCELLED = "cancelled"
 
 
@@ -104,6 +105,7 @@ USER_MESSAGES: dict[ErrorCategory, str] = {
     ErrorCategory.MALFORMED_STREAM: "The model provider sent a reply that could not be read.",
     ErrorCategory.INTERRUPTED: "The reply was interrupted because the server restarted.",
     ErrorCategory.CANCELLED: "The reply was stopped.",
+    ErrorCategory.INTERNAL: "Lyceum hit an internal error while answering. Please try again.",
 }
 
 

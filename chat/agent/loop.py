@@ -1,0 +1,595 @@
+"""The agent loop: rounds of request → stream → tools until the model answers in text.
+
+Pure Python (no Django). Everything that touches storage or transports goes
+through a :class:`RunHost`, so the loop is tested with an in-memory host and
+run in production by the Django host in ``chat.runs``.
+
+A run owns a local message list (the window selected from the context channel
+plus everything the run adds); the live channels get every message the run
+produces, and the host persists them at safe points. Tool calls that need the
+user's approval *suspend* the run: the host stores the pending call and the run
+resumes (in any process, after any restart) once every call has an answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chat.agent import events as ev
+from chat.agent.hooks import HookContext, HookEvent, HookRegistry
+from chat.agent.tools import ApprovalPolicy, ToolContext, ToolRegistry
+from chat.agent.workspace import Workspace
+from chat.core import compact
+from chat.core.channels import LiveChannels
+from chat.core.eventlog import sanitize
+from chat.core.messages import ChatMessage, Role, ToolCall, assistant, tool_result
+from chat.core.tokens import estimate_text_tokens, estimate_tokens
+from chat.core.window import WindowLimits
+from chat.llm.types import (
+    ChatRequest,
+    ErrorCategory,
+    Provider,
+    ProviderError,
+    ReasoningDelta,
+    Retrying,
+    StreamEnd,
+    TextDelta,
+    Usage,
+)
+
+logger = logging.getLogger(__name__)
+
+DELEGATE = "delegate"
+USER_APPENDED_PREFIX = "[User appended] "
+SUB_AGENT_MAX_ROUNDS = 8
+SUB_AGENT_PROMPT = (
+    "You are a sub-agent working for the main assistant. Do the task you are given, "
+    "using your tools if they help, and answer with a short, factual report. "
+    "The user does not see your messages directly."
+)
+DELEGATE_SPEC: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": DELEGATE,
+        "description": "Hand a self-contained task to a sub-agent, which works on it with "
+        "the same tools (except delegate) and returns a report.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "task": {"type": "string", "description": "What the sub-agent should do."},
+                "label": {
+                    "type": "string",
+                    "description": "A short name for the sub-agent, e.g. 'research'.",
+                },
+            },
+            "required": ["task"],
+        },
+    },
+}
+
+
+def denied_text(reason: str) -> str:
+    reason = reason.strip()
+    return (
+        f"The user denied this tool call. Reason: {reason}"
+        if reason
+        else ("The user denied this tool call.")
+    )
+
+
+EXPIRED_TEXT = "The approval request expired without an answer, so the tool call was not run."
+
+
+@dataclass(frozen=True)
+class Decision:
+    approved: bool
+    reason: str = ""
+    expired: bool = False
+
+
+@dataclass(frozen=True)
+class QueuedText:
+    text: str
+    display_seq: int
+
+
+@dataclass
+class LoopConfig:
+    model: str  # the provider's model id
+    context_window: int = 32_000
+    max_rounds: int = 12
+    thinking: bool = True
+    max_output_tokens: int | None = None
+    keep_recent: int = 10
+    exempt_tools: frozenset[str] = frozenset()
+    compact_ratio: float = 0.8  # auto-compact past this share of the history token budget
+    tool_timeout: float = 30.0
+
+
+@dataclass
+class LoopOutcome:
+    status: str  # "completed" | "suspended"
+    text: str = ""
+    usage: Usage = field(default_factory=Usage)
+
+
+class RunHost(Protocol):
+    """Storage and transport side of a run (``chat.runs`` implements it with Django)."""
+
+    channels: LiveChannels
+
+    async def emit(self, event: ev.RunEvent) -> None: ...
+
+    async def commit(self) -> None:
+        """Persist what the channels gained (display now, context at the safe cut)."""
+
+    async def stream_update(self, text: str, reasoning: str) -> None:
+        """The reply being streamed, so far (for live pushes and checkpoints)."""
+
+    async def take_queued(self) -> list[QueuedText]: ...
+
+    async def system_prompt(self) -> str: ...
+
+    async def restore_context(self, messages: list[ChatMessage]) -> None:
+        """Context was replaced (compaction): persist a ``restore`` event."""
+
+    async def suspend(self, message: ChatMessage, pending: list[ToolCall], usage: Usage) -> None:
+        """Store the tool-call message whose ``pending`` calls wait for approval."""
+
+    def granted(self, tool_name: str) -> bool:
+        """True when the user allowed this tool for the rest of the chat."""
+
+
+@dataclass
+class _Round:
+    text: str = ""
+    reasoning: str = ""
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        host: RunHost,
+        provider: Provider,
+        tools: ToolRegistry,
+        config: LoopConfig,
+        *,
+        workspace: Workspace,
+        chat_id: str,
+        hooks: HookRegistry | None = None,
+        tool_policies: dict[str, str] | None = None,
+    ) -> None:
+        self.host = host
+        self.provider = provider
+        self.tools = tools
+        self.config = config
+        self.workspace = workspace
+        self.chat_id = chat_id
+        self.hooks = hooks or HookRegistry()
+        self.tool_policies = {k: ApprovalPolicy(v) for k, v in (tool_policies or {}).items()}
+        self.window = WindowLimits.for_context_window(
+            config.context_window,
+            config.max_output_tokens or min(4096, config.context_window // 4),
+            keep_recent=config.keep_recent,
+            exempt_tools=config.exempt_tools,
+        )
+        self.messages: list[ChatMessage] = []
+        self.usage_in = 0
+        self.usage_out = 0
+        self.usage_estimated = False
+        self.round = _Round()
+        self.final_text = ""
+        self._pending_queue: list[QueuedText] | None = None
+
+    # --- public entry points ---------------------------------------------------------
+
+    @property
+    def partial_text(self) -> str:
+        return self.round.text
+
+    @property
+    def partial_reasoning(self) -> str:
+        return self.round.reasoning
+
+    def usage(self) -> Usage:
+        return Usage(self.usage_in, self.usage_out, self.usage_estimated)
+
+    async def run(
+        self,
+        resume: tuple[ChatMessage, dict[str, Decision]] | None = None,
+        *,
+        first_iteration: int = 1,
+    ) -> LoopOutcome:
+        """Run rounds until the model answers in text, or suspend for an approval."""
+        self.messages = self.window.select(self.host.channels.context)
+        if resume is not None:
+            message, decisions = resume
+            # The tool-call message is in display already; context gets it back now.
+            self.host.channels.push_context_only(message)
+            self.messages.append(message)
+            if await self._process_tool_calls(message, decisions):
+                return LoopOutcome("suspended", usage=self.usage())
+        for iteration in range(first_iteration, self.config.max_rounds + 1):
+            await self.host.emit(
+                ev.IterationStart(iteration=iteration, max_iterations=self.config.max_rounds)
+            )
+            await self._drain_queued(first_round=iteration == first_iteration and resume is None)
+            await self._compact_if_needed()
+            end = await self._request()
+            if end.tool_calls:
+                message = assistant(
+                    end.text, tool_calls=end.tool_calls, reasoning_content=end.reasoning or None
+                )
+                await self._push(message)
+                self.round = _Round()
+                if await self._process_tool_calls(message, {}):
+                    return LoopOutcome("suspended", usage=self.usage())
+                continue
+            text = end.text
+            if end.finish_reason == "length" and text:
+                text += "\n\n[The reply was cut off at the model's output limit.]"
+            await self._push(assistant(text, reasoning_content=end.reasoning or None))
+            self.round = _Round()
+            self.final_text = text
+            # The user wrote while we answered: answer that too, if a round is left. On the
+            # last round the messages stay queued (for the next run) rather than being taken
+            # and dropped.
+            if iteration < self.config.max_rounds and await self._has_queued():
+                continue
+            return LoopOutcome("completed", text=text, usage=self.usage())
+        note = f"Stopped after {self.config.max_rounds} steps without a final answer."
+        await self._push(assistant(note))
+        return LoopOutcome("completed", text=note, usage=self.usage())
+
+    # --- channels ----------------------------------------------------------------------
+
+    async def _push(self, message: ChatMessage) -> None:
+        self.host.channels.push_both(message)
+        self.messages.append(message)
+        await self.host.commit()
+
+    async def _has_queued(self) -> bool:
+        queued = await self.host.take_queued()
+        if queued:
+            self._pending_queue = queued
+        return bool(queued)
+
+    async def _drain_queued(self, *, first_round: bool) -> None:
+        queued = self._pending_queue or await self.host.take_queued()
+        self._pending_queue = None
+        for item in queued:
+            # Display showed the message when it was sent; context gets it now. Mid-run
+            # the model is told it was appended while it worked.
+            message = ChatMessage(role=Role.USER, content=item.text)
+            self.host.channels.push_context_only(message)
+            shown = item.text if first_round else USER_APPENDED_PREFIX + item.text
+            self.messages.append(message.copy(content=shown))
+            await self.host.emit(ev.InputTaken(input_seq=item.display_seq))
+        if queued:
+            await self.host.commit()
+
+    # --- compaction ----------------------------------------------------------------------
+
+    async def compact_now(self) -> bool:
+        """Manual "compact now": the same path as automatic compaction."""
+        self.messages = list(self.host.channels.context)
+        return await self._auto_compact(protected=None)
+
+    async def _compact_if_needed(self) -> None:
+        before = await self._hook(HookEvent.PRE_MICRO_COMPACT, messages=self.messages)
+        if before and before.action == "stop":
+            return
+        self.messages, _ = compact.micro_compact(
+            self.messages, self.config.keep_recent, self.config.exempt_tools
+        )
+        after = await self._hook(HookEvent.POST_MICRO_COMPACT, messages=self.messages)
+        if after and after.messages is not None:
+            self.messages = list(after.messages)
+        # A share of the history budget (the window minus the output reserve and a margin),
+        # not of the whole window: on small windows the output reserve is a quarter of it,
+        # and a list at 80 % of the window would overflow the request before compacting.
+        threshold = int(self.window.max_tokens * self.config.compact_ratio)
+        if not compact.needs_auto_compact(self.messages, threshold):
+            return
+        pre = await self._hook(
+            HookEvent.PRE_AUTO_COMPACT, messages=self.messages, system_prompt=None
+        )
+        if pre and pre.action == "stop":
+            return
+        await self._auto_compact(protected=pre.additional_context if pre else None)
+
+    async def _auto_compact(self, protected: str | None) -> bool:
+        if not self.messages:
+            return False
+        await self.host.emit(ev.Compacting())
+
+        async def summarize(request: list[ChatMessage]) -> str:
+            end = await self.provider.complete(
+                ChatRequest(
+                    model=self.config.model,
+                    messages=request,
+                    max_tokens=compact.SUMMARY_MAX_OUTPUT_TOKENS,
+                    thinking=False,
+                )
+            )
+            self._count_usage(end, request)
+            return end.text
+
+        try:
+            result = await compact.auto_compact(self.messages, summarize, protected)
+        except ProviderError as exc:
+            logger.warning("compaction failed, continuing uncompacted: %s", exc)
+            return False
+        new_messages = result.new_messages
+        post = await self._hook(HookEvent.POST_AUTO_COMPACT, messages=new_messages)
+        if post and post.messages is not None:
+            new_messages = list(post.messages)
+        self.messages = list(new_messages)
+        self.host.channels.replace_context(new_messages)
+        await self.host.restore_context(list(new_messages))
+        await self.host.emit(
+            ev.Compacted(messages_before=result.messages_before, summary=result.summary)
+        )
+        return True
+
+    # --- one request -------------------------------------------------------------------
+
+    async def _request(self) -> StreamEnd:
+        system_prompt = await self.host.system_prompt()
+        hook = await self._hook(
+            HookEvent.PRE_LLM_REQUEST, messages=self.messages, system_prompt=system_prompt
+        )
+        if hook:
+            if hook.action == "stop":
+                raise ProviderError(ErrorCategory.BAD_REQUEST, "A hook stopped this request.")
+            if hook.messages is not None:
+                self.messages = list(hook.messages)
+            if hook.system_prompt is not None:
+                system_prompt = hook.system_prompt
+            self.messages.extend(hook.inject_messages)
+        self.messages = sanitize(self.messages)
+        request = ChatRequest(
+            model=self.config.model,
+            messages=self.messages,
+            system_prompt=system_prompt,
+            tools=self._tool_specs(),
+            max_tokens=self.config.max_output_tokens,
+            thinking=self.config.thinking,
+        )
+        prompt_tokens = estimate_tokens(self.messages) + estimate_text_tokens(system_prompt)
+        await self.host.emit(
+            ev.ContextUsage(tokens=prompt_tokens, context_window=self.config.context_window)
+        )
+        self.round = _Round()
+        end: StreamEnd | None = None
+        async for chunk in self.provider.stream(request):
+            if isinstance(chunk, TextDelta):
+                self.round.text += chunk.text
+                await self.host.emit(ev.Delta(text=chunk.text))
+                await self.host.stream_update(self.round.text, self.round.reasoning)
+            elif isinstance(chunk, ReasoningDelta):
+                self.round.reasoning += chunk.text
+                await self.host.emit(ev.ThinkingDelta(text=chunk.text))
+                await self.host.stream_update(self.round.text, self.round.reasoning)
+            elif isinstance(chunk, Retrying):
+                await self.host.emit(
+                    ev.RetryingEvent(
+                        attempt=chunk.attempt,
+                        max_attempts=chunk.max_attempts,
+                        delay=chunk.delay,
+                        category=str(chunk.category),
+                        message=chunk.message,
+                    )
+                )
+            elif isinstance(chunk, StreamEnd):
+                end = chunk
+        if end is None:
+            raise ProviderError(ErrorCategory.MALFORMED_STREAM, streamed=bool(self.round.text))
+        self._count_usage(end, self.messages, system_prompt)
+        return end
+
+    def _count_usage(self, end: StreamEnd, request: list[ChatMessage], prompt: str = "") -> None:
+        if end.usage is not None and not end.usage.estimated:
+            self.usage_in += end.usage.input_tokens
+            self.usage_out += end.usage.output_tokens
+            return
+        self.usage_estimated = True
+        self.usage_in += estimate_tokens(request) + estimate_text_tokens(prompt)
+        self.usage_out += estimate_text_tokens(end.text) + estimate_text_tokens(end.reasoning)
+
+    def _tool_specs(self) -> list[dict[str, Any]]:
+        specs = [t.spec() for t in self.tools if self._policy(t.name) is not ApprovalPolicy.DENY]
+        if self._offers_delegate():
+            specs.append(DELEGATE_SPEC)
+        return specs
+
+    def _offers_delegate(self) -> bool:
+        return self.tool_policies.get(DELEGATE) not in (None, ApprovalPolicy.DENY)
+
+    def _policy(self, name: str) -> ApprovalPolicy:
+        if name in self.tool_policies:
+            return self.tool_policies[name]
+        if name == DELEGATE:
+            return ApprovalPolicy.AUTO if self._offers_delegate() else ApprovalPolicy.DENY
+        return self.tools.policy(name) if name in self.tools else ApprovalPolicy.DENY
+
+    # --- tools -------------------------------------------------------------------------
+
+    async def _process_tool_calls(
+        self, message: ChatMessage, decisions: dict[str, Decision]
+    ) -> bool:
+        """Run or refuse each call of ``message``. True when the run must wait for approval."""
+        calls = message.tool_calls or []
+        pending = [
+            call
+            for call in calls
+            if call.id not in decisions
+            and self._policy(call.name) is ApprovalPolicy.ASK
+            and not self.host.granted(call.name)
+        ]
+        if pending:
+            await self.host.suspend(message, pending, self.usage())
+            return True
+        for call in calls:
+            content, status = await self._run_call(call, decisions.get(call.id))
+            post = await self._hook(
+                HookEvent.POST_TOOL_EXECUTION,
+                tool_name=call.name,
+                tool_arguments=call.arguments,
+                tool_result=content,
+            )
+            if post and post.tool_result is not None:
+                content = post.tool_result
+            await self.host.emit(
+                ev.ToolEnd(call_id=call.id, name=call.name, output=content, status=status)
+            )
+            await self._push(tool_result(call.id, content, extra={"status": status}))
+        return False
+
+    async def _run_call(self, call: ToolCall, decision: Decision | None) -> tuple[str, str]:
+        policy = self._policy(call.name)
+        if decision is not None and not decision.approved:
+            return (EXPIRED_TEXT if decision.expired else denied_text(decision.reason)), "denied"
+        if policy is ApprovalPolicy.DENY:
+            return f"Error: the tool {call.name!r} is not available in this chat.", "failed"
+        await self.host.emit(
+            ev.ToolStart(call_id=call.id, name=call.name, input=_parse_json(call.arguments))
+        )
+        if call.name == DELEGATE:
+            return await self._delegate(call)
+        ctx = ToolContext(workspace=self.workspace, chat_id=self.chat_id, call_id=call.id)
+        outcome = await self.tools.execute(call.name, call.arguments, ctx, self.config.tool_timeout)
+        return outcome.content, "failed" if outcome.is_error else "done"
+
+    async def _delegate(self, call: ToolCall) -> tuple[str, str]:
+        args = _parse_json(call.arguments)
+        task = str(args.get("task") or "").strip() if isinstance(args, dict) else ""
+        if not task:
+            return "Error: delegate needs a non-empty 'task'.", "failed"
+        label = _slug(str(args.get("label") or "helper"))
+        sub = SubAgent(self, label=label, task_id=call.id)
+        await self.host.emit(ev.HandStart(name=DELEGATE, label=label, params={"task": task}))
+        await self.host.emit(
+            ev.SubtaskStatus(task_id=call.id, description=task[:200], status="running")
+        )
+        report, ok = await sub.run(task)
+        await self.host.emit(
+            ev.SubtaskStatus(
+                task_id=call.id,
+                description=task[:200],
+                status="completed" if ok else "failed",
+                detail=report[:200],
+            )
+        )
+        await self.host.emit(ev.HandEnd(name=DELEGATE, label=label, result=report))
+        return report, "done" if ok else "failed"
+
+    async def _hook(self, event: HookEvent, **fields: Any):
+        if not self.hooks.has_hooks(event):
+            return None
+        context = HookContext(event=event, model=self.config.model, chat_id=self.chat_id, **fields)
+        return await self.hooks.run(event, context)
+
+
+class SubAgent:
+    """A nested loop on its own message list, with the parent's tools minus delegate.
+
+    Its messages enter the chat labelled ``SubAgent@<label>``: clean in display,
+    wrapped in context and held back while the parent's delegate call is open.
+    Tools that need approval are refused: a sub-agent cannot stop to ask.
+    """
+
+    def __init__(self, parent: AgentLoop, *, label: str, task_id: str) -> None:
+        self.parent = parent
+        self.sender = f"SubAgent@{label}"
+        self.task_id = task_id
+
+    async def run(self, task: str) -> tuple[str, bool]:
+        parent = self.parent
+        messages: list[ChatMessage] = [ChatMessage(role=Role.USER, content=task)]
+        tools = [t.spec() for t in parent.tools if self._may_run(t.name)]
+        text = ""
+        for _round in range(SUB_AGENT_MAX_ROUNDS):
+            request = ChatRequest(
+                model=parent.config.model,
+                messages=sanitize(messages),
+                system_prompt=SUB_AGENT_PROMPT,
+                tools=tools,
+                thinking=False,
+            )
+            try:
+                end = await parent.provider.complete(request)
+            except ProviderError as exc:
+                return f"Sub-agent failed: {exc.message}", False
+            parent._count_usage(end, request.messages, SUB_AGENT_PROMPT)
+            text = end.text
+            if text.strip():
+                await self._say(text)
+            if not end.tool_calls:
+                return text or "[Sub-agent finished with no text output]", True
+            messages.append(assistant(text, tool_calls=end.tool_calls))
+            for call in end.tool_calls:
+                await self._show_call(call)
+                content = await self._run_tool(call)
+                messages.append(tool_result(call.id, content))
+                parent.host.channels.push_display_only(
+                    tool_result(call.id, content, sender_name=self.sender)
+                )
+                await parent.host.commit()
+        return text or "[Sub-agent ran out of steps]", bool(text)
+
+    def _may_run(self, name: str) -> bool:
+        """AUTO tools, and ASK tools the user allowed for the chat; a grant never lifts DENY."""
+        policy = self.parent._policy(name)
+        return policy is ApprovalPolicy.AUTO or (
+            policy is ApprovalPolicy.ASK and self.parent.host.granted(name)
+        )
+
+    async def _say(self, text: str) -> None:
+        self.parent.host.channels.push_labelled(assistant(text, sender_name=self.sender))
+        await self.parent.host.commit()
+
+    async def _show_call(self, call: ToolCall) -> None:
+        channels = self.parent.host.channels
+        channels.push_display_only(assistant("", tool_calls=[call], sender_name=self.sender))
+        # Context gets a note, not a structured call: the parent never sees the sub-agent's
+        # tool protocol, only that it used a tool.
+        channels.push_labelled(
+            assistant(f"[called tool {call.name}]", sender_name=self.sender),
+            display=False,
+        )
+        await self.parent.host.commit()
+
+    async def _run_tool(self, call: ToolCall) -> str:
+        parent = self.parent
+        if (
+            call.name == DELEGATE
+            or call.name not in parent.tools
+            or parent._policy(call.name) is ApprovalPolicy.DENY
+        ):
+            return f"Error: the tool {call.name!r} is not available to sub-agents."
+        if not self._may_run(call.name):
+            return (
+                f"Error: {call.name} needs the user's approval, which sub-agents cannot ask for. "
+                "Report back and let the main assistant do it."
+            )
+        ctx = ToolContext(workspace=parent.workspace, chat_id=parent.chat_id, call_id=call.id)
+        outcome = await parent.tools.execute(
+            call.name, call.arguments, ctx, parent.config.tool_timeout
+        )
+        return outcome.content
+
+
+def _parse_json(raw: str) -> Any:
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:
+        return raw
+
+
+def _slug(label: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in label.strip())
+    return (cleaned or "helper")[:24]

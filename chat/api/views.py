@@ -1,0 +1,273 @@
+"""The agent API: JSON and Server-Sent Events over the same runs the browser uses.
+
+Authentication is an API key sent as ``Authorization: Bearer <key>``. Errors are
+``{"error": {"type": ..., "message": ...}}`` with a fitting status; another
+user's session is 404, exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import wraps
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.contrib.auth.decorators import login_not_required
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from chat import runner, runs
+from chat.access import ChatAction, access_chat
+from chat.apikeys import authenticate_key
+from chat.follow import RunFollower, follow_run
+from chat.models import Agent, Run, ToolApproval
+
+MAX_BODY_BYTES = 256 * 1024
+STATUS_BY_CODE = {"not_found": 404, "busy": 409, "unknown_model": 400, "no_agent": 503}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, type_: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.type, self.message = status, type_, message
+
+
+def error_response(status: int, type_: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"type": type_, "message": message}}, status=status)
+
+
+View = Callable[..., Awaitable[HttpResponse]]
+
+
+def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
+    """Bearer auth, method check, and errors as JSON for an async API view."""
+
+    def decorate(view: View) -> View:
+        @csrf_exempt
+        @login_not_required
+        @wraps(view)
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                return error_response(405, "method_not_allowed", f"Use {', '.join(methods)}.")
+            header = request.headers.get("Authorization", "")
+            scheme, _, raw = header.partition(" ")
+            user = None
+            if scheme.lower() == "bearer":
+                user = await database_sync_to_async(authenticate_key)(raw.strip())
+            if user is None:
+                response = error_response(
+                    401,
+                    "authentication_error",
+                    "Send a valid API key as 'Authorization: Bearer <key>'.",
+                )
+                response["WWW-Authenticate"] = "Bearer"
+                return response
+            request.api_user = user
+            try:
+                return await view(request, *args, **kwargs)
+            except ApiError as exc:
+                return error_response(exc.status, exc.type, exc.message)
+            except Http404:
+                return error_response(404, "not_found", "No such chat session.")
+            except runs.ActionError as exc:
+                return error_response(
+                    STATUS_BY_CODE.get(exc.code, 400), "invalid_request_error", exc.message
+                )
+
+        return wrapper
+
+    return decorate
+
+
+def read_json(request: HttpRequest) -> dict[str, Any]:
+    if len(request.body) > MAX_BODY_BYTES:
+        raise ApiError(413, "invalid_request_error", "The request body is too large.")
+    try:
+        data = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "invalid_request_error", "The body must be JSON.") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_request_error", "The body must be a JSON object.")
+    return data
+
+
+def _field(data: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
+    value = data.get(name, default)
+    if value is not None and not isinstance(value, kind):
+        raise ApiError(400, "invalid_request_error", f"'{name}' must be a {kind.__name__}.")
+    return value
+
+
+def _start_chat(user, data: dict[str, Any]) -> tuple[str, int, str | None]:
+    """Find or create the session, switch model if asked, and send the message."""
+    message = _field(data, "message", str)
+    if not message or not message.strip():
+        raise ApiError(400, "invalid_request_error", "'message' is required.")
+    session_id = _field(data, "session_id", str)
+    model = _field(data, "model", str)
+    agent_slug = _field(data, "agent", str)
+    thinking = _field(data, "thinking", bool, True)
+    if session_id:
+        chat = access_chat(user, session_id, ChatAction.WRITE)
+        if model:
+            runs.switch_model(user, chat.pk, model)
+    else:
+        agent = None
+        if agent_slug:
+            agent = Agent.objects.filter(slug=agent_slug).first()
+            if agent is None:
+                raise ApiError(404, "not_found", f"No agent named {agent_slug!r}.")
+        chat = runs.new_chat(user, agent=agent, model=model or "")
+    sent = runs.send_message(user, chat.pk, message, f"api-{uuid.uuid4().hex}", thinking=thinking)
+    return str(chat.pk), sent.display_seq, sent.run_id
+
+
+async def _follow(user, data: dict[str, Any]) -> tuple[str, AsyncIterator[dict[str, Any]]]:
+    chat_id, input_seq, run_id = await database_sync_to_async(_start_chat)(user, data)
+    await runner.dispatch(run_id)
+    # The run is known when this message started it; a queued message finds its run
+    # by the input_taken event.
+    follower = RunFollower(chat_id=chat_id, last_seq=input_seq, input_seq=input_seq, run_id=run_id)
+    return chat_id, follow_run(follower)
+
+
+@api_view()
+async def chat(request: HttpRequest) -> HttpResponse:
+    """``POST /api/v1/chat``: the final reply, its usage and the session id.
+
+    When the run stops to ask for a tool approval, the answer is 202 with the
+    pending approvals; approve or deny them, then follow up with another request.
+    """
+    chat_id, events = await _follow(request.api_user, read_json(request))
+    reply: list[str] = []
+    try:
+        async for event in events:
+            kind = event["type"]
+            if kind == "delta":
+                reply.append(event["text"])
+            elif kind == "complete":
+                return JsonResponse(
+                    {
+                        "session_id": chat_id,
+                        "run_id": event["run_id"],
+                        "status": "completed",
+                        "reply": event["text"],
+                        "usage": _usage(event),
+                    }
+                )
+            elif kind in ("cancelled", "error"):
+                return _run_failed(chat_id, event)
+            elif kind == "approval_required":
+                pending = await database_sync_to_async(_pending_approvals)(event["run_id"])
+                if pending is not None:
+                    return JsonResponse(
+                        {
+                            "session_id": chat_id,
+                            "run_id": event["run_id"],
+                            "status": "waiting_for_approval",
+                            "reply": "".join(reply),
+                            "approvals": pending,
+                        },
+                        status=202,
+                    )
+    finally:
+        await events.aclose()
+    raise ApiError(500, "internal_error", "The run ended without a final event.")
+
+
+def _pending_approvals(run_id: str) -> list[dict[str, Any]] | None:
+    """The run's open approvals, once it is waiting for them (None while still running)."""
+    if not Run.objects.filter(pk=run_id, status=Run.Status.WAITING).exists():
+        return None
+    return [
+        {
+            "call_id": a.call_id,
+            "name": a.tool_name,
+            "arguments": a.arguments,
+            "expires_at": a.expires_at.isoformat(),
+        }
+        for a in ToolApproval.objects.filter(run_id=run_id, status=ToolApproval.Status.PENDING)
+    ]
+
+
+def _usage(event: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "input_tokens": event["input_tokens"],
+        "output_tokens": event["output_tokens"],
+        "estimated": event["usage_estimated"],
+    }
+
+
+def _run_failed(chat_id: str, event: dict[str, Any]) -> JsonResponse:
+    if event["type"] == "cancelled":
+        error = {"type": "cancelled", "message": "The reply was stopped."}
+        status = 409
+    else:
+        error = {"type": event["category"], "message": event["message"]}
+        status = 502 if event["category"] not in ("bad_request", "context_too_long") else 400
+    return JsonResponse(
+        {
+            "session_id": chat_id,
+            "run_id": event["run_id"],
+            "status": event.get("status", event["type"]),
+            "partial_text": event.get("partial_text", ""),
+            "error": error,
+        },
+        status=status,
+    )
+
+
+@api_view()
+async def chat_stream(request: HttpRequest) -> HttpResponse:
+    """``POST /api/v1/chat/stream``: the run's typed events as ``text/event-stream``."""
+    chat_id, events = await _follow(request.api_user, read_json(request))
+
+    async def body() -> AsyncIterator[bytes]:
+        yield f": session {chat_id}\n\n".encode()
+        async for event in events:
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+
+    response = StreamingHttpResponse(body(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    response["X-Lyceum-Session"] = chat_id
+    return response
+
+
+@api_view()
+async def cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+    """``POST /api/v1/chat/<session_id>/cancel``: idempotent."""
+    run_id = await database_sync_to_async(runs.cancel_run)(request.api_user, session_id)
+    return JsonResponse(
+        {"session_id": str(session_id), "run_id": run_id, "cancelled": run_id is not None}
+    )
+
+
+@api_view()
+async def approval(request: HttpRequest, session_id: uuid.UUID, call_id: str) -> HttpResponse:
+    """``POST /api/v1/chat/<session_id>/approvals/<call_id>``: approve or deny one call."""
+    data = read_json(request)
+    decision = _field(data, "decision", str)
+    if decision not in ("approve", "deny"):
+        raise ApiError(400, "invalid_request_error", "'decision' must be 'approve' or 'deny'.")
+    reason = _field(data, "reason", str, "") or ""
+    always = bool(_field(data, "always", bool, False))
+    try:
+        result = await database_sync_to_async(runs.decide_approval)(
+            request.api_user,
+            session_id,
+            call_id,
+            approve=decision == "approve",
+            reason=reason,
+            always=always,
+        )
+    except runs.ActionError as exc:
+        if exc.code == "not_found":
+            raise ApiError(404, "not_found", exc.message) from None
+        raise
+    await runner.dispatch(result.run_id, resume=True)
+    return JsonResponse(
+        {"session_id": str(session_id), "call_id": call_id, "status": result.status}
+    )

@@ -1,0 +1,135 @@
+"""Follow one run of a chat as typed run events, for the HTTP API.
+
+The database is the source of truth: display events are read after the last
+``seq`` seen. The channel layer is only a doorbell that wakes the follower early
+and carries coalesced snapshots of the reply being streamed, from which the
+``delta`` / ``thinking_delta`` events are derived; a lost doorbell costs latency,
+never text, because the written message completes whatever the snapshots missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from chat import store
+from chat.agent.events import TERMINAL_TYPES
+from chat.runs import chat_group
+from chat.store import StoredEvent
+
+POLL_SECONDS = 1.0
+BATCH = 500
+
+
+@dataclass
+class RunFollower:
+    """Turns display events and stream snapshots into the typed events of one run.
+
+    The run is known up front (``run_id``) or found by the ``input_taken`` event that
+    took the user's message (``input_seq``).
+    """
+
+    chat_id: str
+    last_seq: int
+    input_seq: int | None = None
+    run_id: str | None = None
+    # Per stream round: (text, reasoning) already sent as deltas.
+    sent: dict[int, tuple[str, str]] = field(default_factory=dict)
+    flushed_round: int = -1
+    done: bool = False
+
+    def apply_events(self, events: list[StoredEvent]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for event in events:
+            self.last_seq = event.seq
+            if self.done:
+                break
+            payload = event.payload
+            if (
+                self.run_id is None
+                and event.kind == "input_taken"
+                and payload.get("input_seq") == self.input_seq
+            ):
+                self.run_id = payload.get("run_id")
+            if self.run_id is None:
+                continue
+            if event.kind == "msg":
+                out += self._flush_message(event)
+                continue
+            if payload.get("run_id") != self.run_id:
+                continue
+            out.append({**payload, "seq": event.seq})
+            if event.kind in TERMINAL_TYPES:
+                self.done = True
+        return out
+
+    def apply_snapshot(self, message: dict[str, Any]) -> list[dict[str, Any]]:
+        if self.run_id is None or message.get("run_id") != self.run_id:
+            return []
+        round_ = int(message.get("round", 0))
+        if round_ <= self.flushed_round:
+            return []  # a late snapshot of a reply already written
+        return self._deltas(round_, message.get("text") or "", message.get("reasoning") or "")
+
+    def _flush_message(self, event: StoredEvent) -> list[dict[str, Any]]:
+        payload = event.payload
+        extra = payload.get("extra") or {}
+        if (
+            payload.get("role") != "assistant"
+            or payload.get("sender_name")
+            or extra.get("run_id") != self.run_id
+        ):
+            return []
+        round_ = int(extra.get("round", 0))
+        out = self._deltas(
+            round_, payload.get("content") or "", payload.get("reasoning_content") or ""
+        )
+        self.sent.pop(round_, None)
+        self.flushed_round = max(self.flushed_round, round_)
+        return out
+
+    def _deltas(self, round_: int, text: str, reasoning: str) -> list[dict[str, Any]]:
+        """What of ``text``/``reasoning`` (the reply of ``round_`` so far) was not sent yet."""
+        sent_text, sent_reasoning = self.sent.get(round_, ("", ""))
+        out = []
+        common = {"chat_id": self.chat_id, "run_id": self.run_id, "seq": self.last_seq}
+        if reasoning.startswith(sent_reasoning) and len(reasoning) > len(sent_reasoning):
+            out.append(
+                {"type": "thinking_delta", **common, "text": reasoning[len(sent_reasoning) :]}
+            )
+            sent_reasoning = reasoning
+        if text.startswith(sent_text) and len(text) > len(sent_text):
+            out.append({"type": "delta", **common, "text": text[len(sent_text) :]})
+            sent_text = text
+        self.sent[round_] = (sent_text, sent_reasoning)
+        return out
+
+
+async def follow_run(follower: RunFollower) -> AsyncIterator[dict[str, Any]]:
+    """Yield the run's typed events until its terminal event."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    group = chat_group(follower.chat_id)
+    await layer.group_add(group, channel)
+    read = database_sync_to_async(store.display_events_after)
+    try:
+        while not follower.done:
+            events = await read(follower.chat_id, follower.last_seq, BATCH)
+            for item in follower.apply_events(events):
+                yield item
+            if follower.done or len(events) == BATCH:
+                continue
+            try:
+                message = await asyncio.wait_for(layer.receive(channel), POLL_SECONDS)
+            except TimeoutError:
+                continue
+            if message.get("type") == "chat.stream":
+                for item in follower.apply_snapshot(message):
+                    yield item
+    finally:
+        await layer.group_discard(group, channel)

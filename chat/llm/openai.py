@@ -1,0 +1,568 @@
+"""The OpenAI-compatible provider over httpx (OpenAI, vLLM, Ollama, llama.cpp, DeepSeek, …).
+
+Decisions worth knowing:
+
+* Three separately configurable timeouts: ``connect_timeout`` (httpx), ``first_byte_timeout``
+  (request sent → headers and the first body bytes arrived) and ``idle_timeout`` (no bytes
+  at all for that long; SSE keep-alive comments count as bytes). The last two use
+  ``asyncio.timeout`` around each read, not httpx's read timeout.
+* Retries (jittered exponential backoff, or the server's Retry-After) happen only while
+  nothing has been streamed to the caller, for the categories in ``retry.RETRYABLE``.
+  A ``Retrying`` chunk is yielded before each retry.
+* After the first delta, any failure raises ``ProviderError(streamed=True)``. A connection
+  that breaks mid-reply is UNREACHABLE ("the connection … was lost"): it is a network
+  failure, not something the provider said; a stall is TIMED_OUT.
+* Error messages are scrubbed of the API key (and of long pieces of it, since providers
+  echo masked keys back), and 401/403 bodies are never quoted.
+* The response is held in ``async with`` blocks, so cancelling the consuming task or
+  closing the generator closes the upstream connection at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import random
+import re
+import ssl
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import httpx
+
+from chat.core.eventlog import sanitize
+from chat.core.messages import ChatMessage, Role
+from chat.llm.retry import (
+    RandomSource,
+    classify_http_error,
+    error_from_payload,
+    is_retryable,
+    retry_delay,
+)
+from chat.llm.sse import ChunkDecoder, SSEDecoder, StreamAccumulator
+from chat.llm.types import (
+    ChatRequest,
+    ErrorCategory,
+    ProviderError,
+    RetryCallback,
+    Retrying,
+    StreamChunk,
+    StreamEnd,
+)
+
+T = TypeVar("T")
+
+REDACTED = "[redacted]"
+MAX_ERROR_BODY = 64 * 1024  # enough for any error JSON; more is a misbehaving server
+MAX_JSON_BODY = 32 * 1024 * 1024
+DRAIN_TIMEOUT = 0.25  # after [DONE], how long to wait for the end of the HTTP body
+MAX_DRAIN_BYTES = 64 * 1024
+
+
+# --- wire format ------------------------------------------------------------------------
+
+
+def to_openai_messages(system_prompt: str, messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Our messages → OpenAI chat messages, after dropping orphan tool calls/results."""
+    wire: list[dict[str, Any]] = []
+    if system_prompt.strip():
+        wire.append({"role": "system", "content": system_prompt})
+    for message in sanitize(messages):
+        converted = _to_openai_message(message)
+        if converted is not None:
+            wire.append(converted)
+    return wire
+
+
+def _to_openai_message(message: ChatMessage) -> dict[str, Any] | None:
+    if message.role == Role.USER:
+        return {"role": "user", "content": _user_content(message)}
+    if message.role == Role.ASSISTANT:
+        return _assistant_message(message)
+    if message.role == Role.TOOL:
+        if not message.tool_call_id:
+            return None
+        return {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
+    return {"role": "system", "content": message.content}
+
+
+def _user_content(message: ChatMessage) -> str | list[dict[str, Any]]:
+    if not message.images:
+        return message.content
+    parts: list[dict[str, Any]] = []
+    if message.content:
+        parts.append({"type": "text", "text": message.content})
+    for image in message.images:
+        url = f"data:{image.media_type};base64,{image.base64}"
+        parts.append({"type": "image_url", "image_url": {"url": url}})
+    return parts
+
+
+def _assistant_message(message: ChatMessage) -> dict[str, Any]:
+    wire: dict[str, Any] = {"role": "assistant"}
+    if message.content:
+        wire["content"] = message.content
+    if message.tool_calls:
+        wire["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                # Some servers reject "" as arguments; "{}" means the same: no arguments.
+                "function": {"name": call.name, "arguments": call.arguments or "{}"},
+            }
+            for call in message.tool_calls
+        ]
+    elif "content" not in wire:
+        wire["content"] = ""  # OpenAI requires content when there are no tool calls
+    if message.reasoning_content:
+        # DeepSeek-style thinking APIs want the reasoning back within a tool-call turn.
+        wire["reasoning_content"] = message.reasoning_content
+    return wire
+
+
+def build_payload(request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "model": request.model,
+        "messages": to_openai_messages(request.system_prompt, request.messages),
+        "stream": stream,
+    }
+    if stream:
+        payload["stream_options"] = {"include_usage": True}
+    if request.tools:
+        payload["tools"] = request.tools
+    if request.max_tokens is not None:
+        payload["max_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        payload["temperature"] = request.temperature
+    return payload
+
+
+def completion_to_chunk(data: dict[str, Any]) -> dict[str, Any]:
+    """A non-streamed ``chat.completion`` as one equivalent streamed chunk."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ProviderError(
+            ErrorCategory.MALFORMED_STREAM, "The model provider's reply had no choices."
+        )
+    choice = choices[0]
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    delta = dict(message)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        # A complete message has no "index"; position is the index.
+        delta["tool_calls"] = [
+            {**call, "index": position}
+            for position, call in enumerate(calls)
+            if isinstance(call, dict)
+        ]
+    return {
+        "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+        "usage": data.get("usage"),
+    }
+
+
+def scrub_secret(text: str, secret: str, min_run: int = 8) -> str:
+    """Hide ``secret`` in ``text``, and any run of 8+ characters of it (echoed masked keys)."""
+    if len(secret) < 4 or not text:
+        return text  # a secret this short cannot be searched for without mangling words
+    text = text.replace(secret, REDACTED)
+    if len(secret) < 2 * min_run:
+        return text
+    pieces = {secret[i : i + min_run] for i in range(len(secret) - min_run + 1)}
+    out: list[str] = []
+    index = 0
+    while index < len(text):
+        if text[index : index + min_run] in pieces:
+            end = index + min_run
+            while end < len(text) and text[index : end + 1] in secret:
+                end += 1
+            out.append(REDACTED)
+            index = end
+        else:
+            out.append(text[index])
+            index += 1
+    return "".join(out)
+
+
+def _transport_error(exc: Exception) -> ProviderError:
+    """httpx failure → category. Never quotes httpx's text: it may carry URLs or headers."""
+    kind = type(exc).__name__
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ProviderError(
+            ErrorCategory.UNREACHABLE,
+            f"The model provider could not be reached (connection timed out, {kind}).",
+        )
+    if isinstance(exc, httpx.ConnectError):
+        return ProviderError(
+            ErrorCategory.UNREACHABLE, f"The model provider could not be reached ({kind})."
+        )
+    if isinstance(exc, httpx.TimeoutException):
+        return ProviderError(ErrorCategory.TIMED_OUT, f"{_msg(ErrorCategory.TIMED_OUT)} ({kind})")
+    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL | httpx.LocalProtocolError):
+        return ProviderError(
+            ErrorCategory.BAD_REQUEST,
+            f"The provider's base URL or settings are not valid ({kind}).",
+        )
+    return ProviderError(
+        ErrorCategory.UNREACHABLE, f"The connection to the model provider was lost ({kind})."
+    )
+
+
+def _msg(category: ErrorCategory) -> str:
+    return ProviderError(category).message
+
+
+# --- the provider -----------------------------------------------------------------------
+
+
+class OpenAIProvider:
+    """Streams chat completions from an OpenAI-compatible ``/chat/completions`` endpoint."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        api_key: str,
+        *,
+        connect_timeout: float = 10.0,
+        first_byte_timeout: float = 60.0,
+        idle_timeout: float = 60.0,
+        complete_timeout: float = 300.0,
+        max_retries: int = 3,
+        backoff_base: float = 1.0,
+        backoff_cap: float = 30.0,
+        client: httpx.AsyncClient | None = None,
+        user_agent: str = "Lyceum/0.1",
+        rng: RandomSource | None = None,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key.strip()
+        self.connect_timeout = connect_timeout
+        self.first_byte_timeout = first_byte_timeout
+        self.idle_timeout = idle_timeout
+        self.complete_timeout = complete_timeout  # a whole non-streamed reply
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.user_agent = user_agent
+        self._rng = rng or random.Random()
+        self._given_client = client
+        self._own_client: httpx.AsyncClient | None = None
+        self._own_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        # read/write are bounded by our own asyncio deadlines; httpx handles connect.
+        self._timeout = httpx.Timeout(
+            connect=connect_timeout, read=None, write=None, pool=connect_timeout
+        )
+
+    def __repr__(self) -> str:  # the key stays out of logs and tracebacks
+        return f"OpenAIProvider(name={self.name!r}, base_url={self.base_url!r})"
+
+    async def aclose(self) -> None:
+        """Close the client this provider created (a client passed in is the caller's)."""
+        if self._own_client is not None:
+            await self._own_client.aclose()
+            self._own_client = None
+
+    # --- public API -------------------------------------------------------------------
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
+        payload = build_payload(request, stream=True)
+        attempt = 0
+        while True:
+            accumulator = StreamAccumulator()
+            try:
+                async with contextlib.aclosing(self._stream_once(payload, accumulator)) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+                return
+            except ProviderError as error:
+                failure = self._public_error(error, streamed=accumulator.produced_content)
+                retry = None if failure.streamed else self._plan_retry(failure, attempt)
+                if retry is None:
+                    raise failure from None
+            attempt = retry.attempt
+            yield retry
+            await asyncio.sleep(retry.delay)
+
+    async def complete(
+        self, request: ChatRequest, *, on_retry: RetryCallback | None = None
+    ) -> StreamEnd:
+        payload = build_payload(request, stream=False)
+
+        async def once() -> StreamEnd:
+            data = await self._fetch_json(
+                "POST", "/chat/completions", payload, self.complete_timeout
+            )
+            accumulator = StreamAccumulator()
+            accumulator.add(completion_to_chunk(data))
+            return accumulator.finish()
+
+        return await self._with_retries(once, on_retry)
+
+    async def list_models(self) -> list[str]:
+        async def once() -> list[str]:
+            data = await self._fetch_json("GET", "/models", None, self.first_byte_timeout)
+            entries = data.get("data") if isinstance(data, dict) else data
+            if not isinstance(entries, list):
+                raise ProviderError(
+                    ErrorCategory.MALFORMED_STREAM, "The model list could not be read."
+                )
+            ids = {
+                str(entry["id"]) for entry in entries if isinstance(entry, dict) and entry.get("id")
+            }
+            return sorted(ids)
+
+        return await self._with_retries(once, None)
+
+    # --- one streamed attempt -----------------------------------------------------------
+
+    async def _stream_once(
+        self, payload: dict[str, Any], accumulator: StreamAccumulator
+    ) -> AsyncIterator[StreamChunk]:
+        """Yield deltas while the response is open, then close it and yield ``StreamEnd``."""
+        sse = SSEDecoder()
+        decoder = ChunkDecoder()
+        loop = asyncio.get_running_loop()
+        first_byte_deadline = loop.time() + self.first_byte_timeout
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    async with asyncio.timeout_at(first_byte_deadline):
+                        response = await self._open(stack, "POST", "/chat/completions", payload)
+                except TimeoutError:
+                    raise self._first_byte_timeout_error() from None
+                if _is_json(response):
+                    # The server ignored stream=true and answered with one JSON body.
+                    data = await self._read_json(response, first_byte_deadline)
+                    for chunk in accumulator.add(completion_to_chunk(data)):
+                        yield chunk
+                    decoder.done = True
+                else:
+                    reads = response.aiter_bytes()
+                    deadline: float | None = first_byte_deadline
+                    while not decoder.done:
+                        data = await self._read_some(reads, deadline)
+                        deadline = None
+                        events = sse.feed(data) if data else sse.close()
+                        for chunk_dict in decoder.decode(events):
+                            for chunk in accumulator.add(chunk_dict):
+                                yield chunk
+                        if not data:
+                            break
+                    if data:
+                        await _drain_after_done(reads)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc) from None
+        # The upstream response is closed before the caller sees the end of the reply.
+        yield accumulator.finish(saw_done=decoder.done)
+
+    async def _read_some(self, reads: AsyncIterator[bytes], deadline: float | None) -> bytes:
+        """Next bytes of the body (b"" at the end), within the first-byte or idle deadline."""
+        try:
+            if deadline is not None:
+                async with asyncio.timeout_at(deadline):
+                    return await anext(reads, b"")
+            async with asyncio.timeout(self.idle_timeout):
+                return await anext(reads, b"")
+        except TimeoutError:
+            if deadline is not None:
+                raise self._first_byte_timeout_error() from None
+            raise ProviderError(
+                ErrorCategory.TIMED_OUT,
+                f"The model provider stopped sending for {self.idle_timeout:g} s.",
+            ) from None
+
+    def _first_byte_timeout_error(self) -> ProviderError:
+        return ProviderError(
+            ErrorCategory.TIMED_OUT,
+            f"The model provider did not start answering within {self.first_byte_timeout:g} s.",
+        )
+
+    # --- HTTP plumbing ------------------------------------------------------------------
+
+    async def _open(
+        self,
+        stack: contextlib.AsyncExitStack,
+        method: str,
+        path: str,
+        payload: dict[str, Any] | None,
+    ) -> httpx.Response:
+        """Send the request; raise a classified error for any non-2xx answer."""
+        streaming = bool(payload and payload.get("stream"))
+        try:
+            response = await stack.enter_async_context(
+                self._client().stream(
+                    method,
+                    self.base_url + path,
+                    json=payload,
+                    headers=self._headers(streaming),
+                    timeout=self._timeout,
+                )
+            )
+        except httpx.InvalidURL as exc:
+            raise _transport_error(exc) from None
+        if response.is_success:
+            content_type = response.headers.get("content-type", "").lower()
+            if content_type.startswith("text/html"):
+                # Typically a base URL pointing at a web UI instead of its API.
+                raise ProviderError(
+                    ErrorCategory.BAD_REQUEST,
+                    "The provider answered with a web page instead of an API reply; "
+                    "check the base URL.",
+                    status=response.status_code,
+                )
+            return response
+        body = await _read_limited(response, MAX_ERROR_BODY)
+        if response.is_redirect:
+            raise ProviderError(
+                ErrorCategory.BAD_REQUEST,
+                f"The provider answered with a redirect (HTTP {response.status_code}); "
+                "check the base URL.",
+                status=response.status_code,
+            )
+        raise classify_http_error(response.status_code, body, response.headers)
+
+    async def _fetch_json(
+        self, method: str, path: str, payload: dict[str, Any] | None, timeout: float
+    ) -> Any:
+        try:
+            async with asyncio.timeout(timeout), contextlib.AsyncExitStack() as stack:
+                response = await self._open(stack, method, path, payload)
+                return await self._read_json(response, None)
+        except TimeoutError:
+            raise ProviderError(
+                ErrorCategory.TIMED_OUT,
+                f"The model provider did not answer within {timeout:g} s.",
+            ) from None
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc) from None
+
+    async def _read_json(self, response: httpx.Response, deadline: float | None) -> Any:
+        if deadline is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    body = await _read_limited(response, MAX_JSON_BODY)
+            except TimeoutError:
+                raise self._first_byte_timeout_error() from None
+        else:
+            body = await _read_limited(response, MAX_JSON_BODY)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise ProviderError(
+                ErrorCategory.MALFORMED_STREAM, "The model provider's reply was not valid JSON."
+            ) from None
+        if isinstance(data, dict) and ("error" in data or data.get("object") == "error"):
+            raise error_from_payload(data, status=response.status_code)
+        return data
+
+    def _headers(self, streaming: bool) -> dict[str, str]:
+        headers = {"User-Agent": self.user_agent}
+        if streaming:
+            headers["Accept"] = "text/event-stream"
+            headers["Accept-Encoding"] = "identity"  # compressed SSE tends to be buffered
+        else:
+            headers["Accept"] = "application/json"
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        return headers
+
+    def _client(self) -> httpx.AsyncClient:
+        """The caller's client, or one of ours per event loop (pools are loop-bound)."""
+        if self._given_client is not None:
+            return self._given_client
+        loop = asyncio.get_running_loop()
+        owner = self._own_loop() if self._own_loop is not None else None
+        if self._own_client is None or self._own_client.is_closed or owner is not loop:
+            self._own_client = httpx.AsyncClient(
+                timeout=self._timeout, follow_redirects=False, verify=_shared_ssl_context()
+            )
+            self._own_loop = weakref.ref(loop)
+        return self._own_client
+
+    # --- retries and errors ---------------------------------------------------------------
+
+    def _plan_retry(self, error: ProviderError, attempt: int) -> Retrying | None:
+        """The next ``Retrying`` (attempt counts retries from 1), or None to give up."""
+        if not is_retryable(error) or attempt >= self.max_retries:
+            return None
+        next_attempt = attempt + 1
+        delay = retry_delay(error, next_attempt, self.backoff_base, self.backoff_cap, self._rng)
+        return Retrying(
+            attempt=next_attempt,
+            max_attempts=self.max_retries,
+            delay=delay,
+            category=error.category,
+            message=error.message,
+        )
+
+    async def _with_retries(
+        self, once: Callable[[], Awaitable[T]], on_retry: RetryCallback | None
+    ) -> T:
+        attempt = 0
+        while True:
+            try:
+                return await once()
+            except ProviderError as error:
+                failure = self._public_error(error, streamed=False)
+                retry = self._plan_retry(failure, attempt)
+                if retry is None:
+                    raise failure from None
+            attempt = retry.attempt
+            if on_retry is not None:
+                on_retry(retry)
+            await asyncio.sleep(retry.delay)
+
+    def _public_error(self, error: ProviderError, *, streamed: bool) -> ProviderError:
+        """A copy safe to show: no key in the message, and ``streamed`` set."""
+        message = scrub_secret(error.message, self._api_key)
+        return ProviderError(
+            error.category,
+            message,
+            status=error.status,
+            retry_after=error.retry_after,
+            streamed=streamed or error.streamed,
+        )
+
+
+async def _drain_after_done(reads: AsyncIterator[bytes]) -> None:
+    """Read the little that follows ``[DONE]`` so the connection can be reused.
+
+    Closing a response that was not read to the end closes its connection too, and the
+    next request would pay a new TCP + TLS handshake. Whatever follows is ignored, and a
+    server that keeps the stream open after ``[DONE]`` costs at most ``DRAIN_TIMEOUT``.
+    """
+    drained = 0
+    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+        async with asyncio.timeout(DRAIN_TIMEOUT):
+            while drained <= MAX_DRAIN_BYTES:
+                data = await anext(reads, b"")
+                if not data:
+                    return
+                drained += len(data)
+
+
+@functools.cache
+def _shared_ssl_context() -> ssl.SSLContext:
+    # Loading the CA bundle costs tens of milliseconds; one context serves every client.
+    return httpx.create_ssl_context()
+
+
+def _is_json(response: httpx.Response) -> bool:
+    content_type = response.headers.get("content-type", "")
+    return bool(re.match(r"\s*application/json", content_type, re.IGNORECASE))
+
+
+async def _read_limited(response: httpx.Response, limit: int) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for part in response.aiter_bytes():
+        parts.append(part)
+        size += len(part)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]

@@ -1,0 +1,21 @@
+"""``runworker`` with the run sweeper: expires approvals and recovers runs of dead workers."""
+
+import asyncio
+
+from channels.management.commands.runworker import Command as ChannelsRunworker
+from channels.worker import Worker
+
+from chat import runner
+
+
+class RunWorker(Worker):
+    async def handle(self):
+        sweeper = asyncio.ensure_future(runner.sweep_forever())
+        try:
+            await super().handle()
+        finally:
+            sweeper.cancel()
+
+
+class Command(ChannelsRunworker):
+    worker_class = RunWorker

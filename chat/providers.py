@@ -1,0 +1,133 @@
+"""Which models a user may pick, and the provider that serves each.
+
+Models come from admin-managed ``ProviderModel`` rows, from the environment
+bootstrap (``LYCEUM_OPENAI_*``) and from the offline demo provider. Users only
+ever name an alias; :func:`resolve_model` turns it into a provider and the real
+model id, so an alias never reaches a provider unresolved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+
+from django.conf import settings
+
+from chat.llm.demo import DemoProvider
+from chat.llm.openai import OpenAIProvider
+from chat.llm.types import Provider as LLMProvider
+from chat.models import Provider, ProviderModel
+
+logger = logging.getLogger(__name__)
+
+ENV_PROVIDER = "env"
+DEMO_MODELS = {"demo": 32_000, "demo-fast": 32_000}
+DEFAULT_CONTEXT_WINDOW = 32_000
+
+
+class UnknownModel(LookupError):
+    def __init__(self, alias: str) -> None:
+        super().__init__(f"The model {alias!r} is not available. Pick one of the listed models.")
+        self.alias = alias
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    alias: str
+    provider_name: str
+    model_id: str
+    context_window: int
+
+
+def _openai(name: str, base_url: str, api_key: str) -> OpenAIProvider:
+    return OpenAIProvider(
+        name,
+        base_url,
+        api_key,
+        connect_timeout=settings.LYCEUM_CONNECT_TIMEOUT,
+        first_byte_timeout=settings.LYCEUM_FIRST_BYTE_TIMEOUT,
+        idle_timeout=settings.LYCEUM_IDLE_TIMEOUT,
+        max_retries=settings.LYCEUM_MAX_RETRIES,
+    )
+
+
+def _demo(model_id: str) -> DemoProvider:
+    delay = 0.0 if model_id == "demo-fast" else settings.LYCEUM_DEMO_TOKEN_DELAY
+    return DemoProvider("demo", token_delay=delay)
+
+
+@lru_cache(maxsize=8)
+def _env_models(base_url: str, api_key: str, listed: tuple[str, ...]) -> tuple[str, ...]:
+    if listed:
+        return listed
+    # Empty list: offer what the provider says it has (asked once per process).
+    try:
+        return tuple(asyncio.run(_openai(ENV_PROVIDER, base_url, api_key).list_models()))
+    except Exception as exc:  # noqa: BLE001 - a bad bootstrap must not take the site down
+        logger.warning("could not list models of %s: %s", ENV_PROVIDER, exc)
+        return ()
+
+
+def _env_choices() -> list[ModelChoice]:
+    base_url = settings.LYCEUM_OPENAI_BASE_URL
+    if not base_url:
+        return []
+    models = _env_models(
+        base_url, settings.LYCEUM_OPENAI_API_KEY, tuple(settings.LYCEUM_OPENAI_MODELS)
+    )
+    return [ModelChoice(m, ENV_PROVIDER, m, DEFAULT_CONTEXT_WINDOW) for m in models]
+
+
+def available_models() -> list[ModelChoice]:
+    """The whitelist, in display order: admin rows, then the environment bootstrap, then demo."""
+    rows = ProviderModel.objects.filter(enabled=True, provider__enabled=True).select_related(
+        "provider"
+    )
+    choices = [ModelChoice(r.alias, r.provider.name, r.model_id, r.context_window) for r in rows]
+    taken = {c.alias for c in choices}
+    choices += [c for c in _env_choices() if c.alias not in taken]
+    taken |= {c.alias for c in choices}
+    if not Provider.objects.filter(kind=Provider.Kind.DEMO, enabled=False).exists():
+        choices += [
+            ModelChoice(alias, "demo", alias, window)
+            for alias, window in DEMO_MODELS.items()
+            if alias not in taken
+        ]
+    return choices
+
+
+def default_model(preferred: str = "") -> str:
+    aliases = [c.alias for c in available_models()]
+    if preferred in aliases:
+        return preferred
+    if not aliases:
+        raise UnknownModel(preferred or "(none configured)")
+    return aliases[0]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    choice: ModelChoice
+    provider: LLMProvider
+
+
+def resolve_model(alias: str) -> ResolvedModel:
+    for choice in available_models():
+        if choice.alias == alias:
+            return ResolvedModel(choice, _provider_for(choice))
+    raise UnknownModel(alias)
+
+
+def _provider_for(choice: ModelChoice) -> LLMProvider:
+    if choice.provider_name == "demo":
+        return _demo(choice.model_id)
+    if choice.provider_name == ENV_PROVIDER:
+        return _openai(
+            ENV_PROVIDER, settings.LYCEUM_OPENAI_BASE_URL, settings.LYCEUM_OPENAI_API_KEY
+        )
+    row = Provider.objects.get(name=choice.provider_name)
+    if row.kind == Provider.Kind.DEMO:
+        return _demo(choice.model_id)
+    return _openai(row.name, row.base_url, row.api_key)

@@ -1,0 +1,377 @@
+"""Executes runs: in the web process (default) or in ``runworker`` processes over Redis.
+
+A run is an asyncio task beside a watcher. The watcher listens for cancel on the
+channel layer (and, as the fallback, polls the database flag), enforces the hang
+guard (time spent waiting for the user does not count: a waiting run has no
+task), and writes a heartbeat so another process can tell a dead run from a
+slow one. Exactly one terminal state is written per run, guarded in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import lru_cache
+
+from channels.consumer import AsyncConsumer
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from chat import runs, store
+from chat.agent import events as ev
+from chat.agent.hooks import HookRegistry
+from chat.agent.loop import DELEGATE, AgentLoop, Decision, LoopConfig
+from chat.agent.tools import ToolRegistry, default_registry
+from chat.agent.workspace import Workspace
+from chat.core.messages import ChatMessage
+from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError, Usage
+from chat.models import ChatSession, ChatToolGrant, Run
+from chat.providers import ResolvedModel, UnknownModel, resolve_model
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL = 0.5
+HEARTBEAT_INTERVAL = 2.0
+STALE_AFTER = timedelta(seconds=15)
+SWEEP_INTERVAL = 5.0
+
+_tasks: dict[str, asyncio.Task] = {}
+_sweeper: asyncio.Task | None = None
+
+
+# --- dispatch -----------------------------------------------------------------------------
+
+
+async def dispatch(run_id: str | None, *, resume: bool = False) -> None:
+    """Hand a run to whoever executes runs. Call only after the run row is committed."""
+    if not run_id:
+        return
+    if settings.LYCEUM_RUNNER == "worker":
+        await get_channel_layer().send(
+            settings.LYCEUM_WORKER_CHANNEL,
+            {"type": "run.execute", "run_id": str(run_id), "resume": resume},
+        )
+    else:
+        start_local(str(run_id), resume=resume)
+        ensure_sweeper()
+
+
+def start_local(run_id: str, *, resume: bool = False) -> asyncio.Task:
+    task = _tasks.get(run_id)
+    if task and not task.done():
+        return task
+    task = _background(execute_run(run_id, resume=resume))
+    _tasks[run_id] = task
+    task.add_done_callback(lambda _t: _tasks.pop(run_id, None))
+    return task
+
+
+def _background(coro) -> asyncio.Task:
+    """A task that outlives the request or socket that started it.
+
+    It gets a fresh context: the caller's would tie its database calls to the
+    request's thread executor, which is gone once the response is sent.
+    """
+    return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
+
+
+def local_task(run_id: str) -> asyncio.Task | None:
+    return _tasks.get(str(run_id))
+
+
+def ensure_sweeper() -> None:
+    global _sweeper
+    if _sweeper is None or _sweeper.done():
+        _sweeper = _background(sweep_forever())
+
+
+async def sweep_forever() -> None:
+    while True:
+        try:
+            await sweep_once()
+        except Exception:  # noqa: BLE001 - keep sweeping
+            logger.exception("run sweeper failed")
+        await asyncio.sleep(SWEEP_INTERVAL)
+
+
+async def sweep_once() -> None:
+    for run_id in await database_sync_to_async(runs.expire_approvals)():
+        await dispatch(run_id, resume=True)
+    await database_sync_to_async(recover_stale_runs)()
+
+
+# --- preparing a run -------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    run: Run
+    chat: ChatSession
+    context: list[ChatMessage]
+    resolved: ResolvedModel
+    tools: ToolRegistry
+    policies: dict[str, str]
+    grants: set[str]
+    max_rounds: int
+    resume: tuple[ChatMessage, dict[str, Decision]] | None
+
+
+@lru_cache(maxsize=1)
+def hook_registry() -> HookRegistry:
+    return HookRegistry.from_dotted_paths(settings.LYCEUM_HOOKS)
+
+
+def tools_for(agent) -> tuple[ToolRegistry, dict[str, str]]:
+    registry = default_registry()
+    names = [n for n in (agent.tools if agent else registry.names()) if n in registry]
+    policies = dict(agent.tool_policies or {}) if agent else {}
+    if agent is None or DELEGATE in (agent.tools or []):
+        policies.setdefault(DELEGATE, "auto")
+    tools = registry.subset(names).with_policies({k: v for k, v in policies.items() if k in names})
+    return tools, policies
+
+
+def _prepare(run_id: str, resume: bool) -> Prepared | None:
+    run = Run.objects.select_related("chat", "chat__agent").filter(pk=run_id).first()
+    if run is None or run.status != Run.Status.RUNNING:
+        return None
+    chat = run.chat
+    tools, policies = tools_for(chat.agent)
+    resume_state = None
+    if resume and run.pending_message:
+        resume_state = (ChatMessage.from_dict(run.pending_message), runs.decisions_for(run))
+        Run.objects.filter(pk=run.pk).update(pending_message=None)
+    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now(), model=chat.model or run.model)
+    return Prepared(
+        run=run,
+        chat=chat,
+        context=store.load_context(chat.pk),
+        resolved=resolve_model(chat.model or run.model),
+        tools=tools,
+        policies=policies,
+        grants=set(ChatToolGrant.objects.filter(chat=chat).values_list("tool_name", flat=True)),
+        max_rounds=chat.agent.max_rounds if chat.agent else 12,
+        resume=resume_state,
+    )
+
+
+# --- executing ---------------------------------------------------------------------------------
+
+
+async def execute_run(run_id: str, *, resume: bool = False) -> None:
+    try:
+        prepared = await database_sync_to_async(_prepare)(run_id, resume)
+    except UnknownModel as exc:
+        await database_sync_to_async(finish_failed_early)(run_id, str(exc))
+        return
+    if prepared is None:
+        return
+    host = runs.DjangoRunHost(prepared.run, prepared.context)
+    host.grants = prepared.grants
+    # One main assistant message per iteration, so a resumed leg's stream rounds
+    # continue after the earlier leg's.
+    host.round = prepared.run.iteration
+    choice = prepared.resolved.choice
+    loop = AgentLoop(
+        host,
+        prepared.resolved.provider,
+        prepared.tools,
+        LoopConfig(
+            model=choice.model_id,
+            context_window=choice.context_window,
+            max_rounds=prepared.max_rounds,
+            thinking=prepared.run.thinking,
+            tool_timeout=settings.LYCEUM_TOOL_TIMEOUT,
+        ),
+        workspace=Workspace(settings.LYCEUM_WORKSPACE_ROOT / str(prepared.chat.pk)),
+        chat_id=str(prepared.chat.pk),
+        hooks=hook_registry(),
+        tool_policies=prepared.policies,
+    )
+    if prepared.resume is None:
+        await host.emit(ev.RunStart(model=choice.alias))
+    run = prepared.run
+    loop.usage_in, loop.usage_out = (
+        run.input_tokens,
+        run.output_tokens,
+    )  # earlier legs of a resumed run
+    loop.usage_estimated = run.usage_estimated
+    body = asyncio.create_task(loop.run(resume=prepared.resume, first_iteration=run.iteration + 1))
+    watcher = asyncio.create_task(_watch(run_id, body))
+    outcome = None
+    try:
+        outcome = await body
+    except asyncio.CancelledError:
+        if asyncio.current_task().cancelling():
+            body.cancel()
+            raise  # the process is shutting down; recovery marks the run interrupted
+        reason = watcher.result() if watcher.done() else "cancel"
+        await _end(host, loop, "cancelled" if reason == "cancel" else "guard")
+    except ProviderError as exc:
+        await _end(host, loop, "failed", exc.category, exc.message)
+    except Exception:
+        logger.exception("run %s failed", run_id)
+        await _end(host, loop, "failed", ErrorCategory.INTERNAL)
+    else:
+        if outcome.status == "completed":
+            await _end(host, loop, "completed")
+    finally:
+        watcher.cancel()
+    await _start_next(prepared.chat)
+
+
+async def _watch(run_id: str, body: asyncio.Task) -> str:
+    """Cancel ``body`` on a cancel request or when the hang guard fires; say which."""
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    group = runs.run_control_group(run_id)
+    await layer.group_add(group, channel)
+    started = last_db_check = last_beat = time.monotonic()
+    try:
+        while not body.done():
+            try:
+                message = await asyncio.wait_for(layer.receive(channel), WATCH_INTERVAL)
+            except TimeoutError:
+                message = None
+            now = time.monotonic()
+            if message and message.get("type") == "run.cancel":
+                body.cancel()
+                return "cancel"
+            if now - started > settings.LYCEUM_RUN_GUARD_SECONDS:
+                body.cancel()
+                return "guard"
+            if now - last_db_check >= WATCH_INTERVAL:
+                last_db_check = now
+                beat = now - last_beat >= HEARTBEAT_INTERVAL
+                if beat:
+                    last_beat = now
+                if await database_sync_to_async(_check_in)(run_id, beat):
+                    body.cancel()
+                    return "cancel"
+        return "done"
+    finally:
+        await layer.group_discard(group, channel)
+
+
+def _check_in(run_id: str, beat: bool) -> bool:
+    """Write a heartbeat when due; True when cancel was requested."""
+    if beat:
+        Run.objects.filter(pk=run_id).update(heartbeat_at=timezone.now())
+    return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
+
+
+async def _end(host, loop: AgentLoop, how: str, category=None, message: str = "") -> None:
+    text, reasoning = loop.partial_text, loop.partial_reasoning
+    usage = loop.usage()
+    if how == "completed":
+        event: ev.RunEvent = ev.Complete(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            usage_estimated=usage.estimated,
+            text=loop.final_text,
+        )
+        status = Run.Status.COMPLETED
+    elif how == "cancelled":
+        event = ev.Cancelled(partial_text=text)
+        status = Run.Status.CANCELLED
+    else:
+        if how == "guard":
+            category = ErrorCategory.TIMED_OUT
+            message = "The reply took longer than the time limit and was stopped."
+        category = ErrorCategory(category or ErrorCategory.PROVIDER_ERROR)
+        message = message or USER_MESSAGES[category]
+        event = ev.Error(category=str(category), message=message, partial_text=text)
+        status = Run.Status.FAILED
+    partial = runs.partial_message(text, reasoning, str(status)) if how != "completed" else None
+    await database_sync_to_async(finish_run)(host, status, event, partial, usage)
+
+
+def finish_run(host, status: str, event: ev.RunEvent, partial, usage) -> bool:
+    """Write the one terminal state and event of a run. False if it had ended already."""
+    run = host.run
+    with transaction.atomic():
+        updated = Run.objects.filter(pk=run.pk, status__in=runs.LIVE).update(
+            status=status,
+            finished_at=timezone.now(),
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            usage_estimated=usage.estimated,
+            error_category=getattr(event, "category", ""),
+            error_message=getattr(event, "message", ""),
+            partial_text=getattr(event, "partial_text", ""),
+            pending_message=None,
+        )
+        if not updated:
+            return False
+        if partial is not None:
+            host.channels.push_both(partial)
+        store.append_display_messages(run.chat_id, host.take_new_display())
+        store.persist_context(run.chat_id, host.channels.context, host.persisted)
+        rows = store.append_display(run.chat_id, [runs._stamp(event, run)])
+        runs.ring(run.chat_id, runs.events_doorbell(rows[-1].seq))
+    return True
+
+
+def finish_failed_early(run_id: str, message: str) -> None:
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return
+    host = runs.DjangoRunHost(run, [])
+    event = ev.Error(category=str(ErrorCategory.BAD_REQUEST), message=message)
+    finish_run(host, Run.Status.FAILED, event, None, Usage())
+
+
+async def _start_next(chat: ChatSession) -> None:
+    """Messages sent while the run was finishing start the next run."""
+    run_id = await database_sync_to_async(runs.start_run_if_idle)(chat)
+    await dispatch(run_id)
+
+
+# --- recovery ------------------------------------------------------------------------------------
+
+
+def recover_stale_runs(*, everything: bool = False) -> list[str]:
+    """Runs left running by a dead process become interrupted, keeping their checkpoint.
+
+    ``everything`` is for start-up of the in-process runner, when no other process
+    can be running them; otherwise only runs without a recent heartbeat count.
+    """
+    runs_to_recover = Run.objects.filter(status=Run.Status.RUNNING)
+    if not everything:
+        cutoff = timezone.now() - STALE_AFTER
+        runs_to_recover = runs_to_recover.filter(heartbeat_at__lt=cutoff) | runs_to_recover.filter(
+            heartbeat_at__isnull=True, started_at__lt=cutoff
+        )
+    recovered = []
+    for run in runs_to_recover.select_related("chat"):
+        host = runs.DjangoRunHost(run, store.load_context(run.chat_id))
+        text, reasoning = run.partial_text, run.partial_reasoning
+        event = ev.Error(
+            category=str(ErrorCategory.INTERRUPTED),
+            message="The reply was interrupted because the server restarted. "
+            "The text written so far is kept.",
+            partial_text=text,
+            status="interrupted",
+        )
+        partial = runs.partial_message(text, reasoning, str(Run.Status.INTERRUPTED))
+        if finish_run(host, Run.Status.INTERRUPTED, event, partial, Usage()):
+            recovered.append(str(run.pk))
+    return recovered
+
+
+# --- the worker consumer -----------------------------------------------------------------------
+
+
+class RunWorkerConsumer(AsyncConsumer):
+    """Receives runs on ``LYCEUM_WORKER_CHANNEL`` in ``manage.py runworker`` processes."""
+
+    async def run_execute(self, message: dict) -> None:
+        # Returns at once: the consumer handles one message at a time, runs go on as tasks.
+        start_local(str(message["run_id"]), resume=bool(message.get("resume")))

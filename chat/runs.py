@@ -1,0 +1,546 @@
+"""Runs on the Django side: what a user can do to a chat, and the host a run writes through.
+
+Actions (send, cancel, decide an approval, switch model, compact) are plain
+functions that check access, change the database in one transaction, and ring
+the doorbell after the commit. The runner (``chat.runner``) executes runs; this
+module's :class:`DjangoRunHost` is how a running loop persists and publishes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from chat import store
+from chat.access import ChatAction, access_chat
+from chat.agent import events as ev
+from chat.agent.loop import Decision, QueuedText
+from chat.core.channels import LiveChannels
+from chat.core.eventlog import msg_event
+from chat.core.messages import ChatMessage, ToolCall, assistant
+from chat.models import Agent, ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
+from chat.providers import UnknownModel, available_models, default_model
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 32_000
+TITLE_CHARS = 50
+LIVE = [Run.Status.RUNNING, Run.Status.WAITING]
+
+
+class ActionError(Exception):
+    """A user action that cannot be done, with a message for that user."""
+
+    def __init__(self, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+
+
+# --- doorbell ---------------------------------------------------------------------------------
+
+
+def chat_group(chat_id) -> str:
+    return f"chat.{chat_id}"
+
+
+def run_control_group(run_id) -> str:
+    return f"runctl.{run_id}"
+
+
+def ring(chat_id, message: dict[str, Any]) -> None:
+    """Tell subscribers of a chat that something changed. Only after the commit."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+
+    def send() -> None:
+        try:
+            async_to_sync(layer.group_send)(chat_group(chat_id), message)
+        except Exception:  # noqa: BLE001 - the doorbell may fail; the log is the truth
+            logger.warning("doorbell for chat %s failed", chat_id, exc_info=True)
+
+    transaction.on_commit(send)
+
+
+async def aring(chat_id, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(chat_group(chat_id), message)
+    except Exception:  # noqa: BLE001
+        logger.warning("doorbell for chat %s failed", chat_id, exc_info=True)
+
+
+def events_doorbell(last_seq: int) -> dict[str, Any]:
+    return {"type": "chat.events", "seq": last_seq}
+
+
+# --- default agent and chat creation -------------------------------------------------------
+
+
+def default_agent() -> Agent:
+    agent = Agent.objects.filter(is_default=True).first() or Agent.objects.first()
+    if agent is None:
+        raise ActionError("No agent is configured. An admin must create one.", "no_agent")
+    return agent
+
+
+def new_chat(user, *, agent: Agent | None = None, model: str = "", title: str = "") -> ChatSession:
+    agent = agent or default_agent()
+    try:
+        alias = default_model(model or agent.default_model)
+    except UnknownModel as exc:
+        raise ActionError(str(exc), "unknown_model") from None
+    if model and alias != model:
+        raise ActionError(str(UnknownModel(model)), "unknown_model")
+    chat = store.create_chat(user, title=title, model=alias)
+    chat.agent = agent
+    chat.save(update_fields=["agent"])
+    return chat
+
+
+# --- send ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SendResult:
+    input_id: int
+    display_seq: int
+    run_id: str | None  # a run to dispatch (None when the message was queued or repeated)
+    duplicate: bool
+    queued: bool
+
+
+def send_message(user, chat_id, text: str, client_id: str, *, thinking: bool = True) -> SendResult:
+    """Store a user message once per ``client_id``; start a run unless one is live."""
+    text = (text or "").strip()
+    if not text:
+        raise ActionError("The message is empty.", "empty")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ActionError(
+            f"The message is too long ({len(text)} characters; the limit is {MAX_MESSAGE_CHARS}).",
+            "too_long",
+        )
+    client_id = (client_id or "").strip()[:64]
+    if not client_id:
+        raise ActionError("The message has no client id.", "no_client_id")
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    existing = QueuedInput.objects.filter(chat=chat, client_id=client_id).first()
+    if existing:
+        return SendResult(existing.pk, existing.display_seq or 0, None, True, False)
+    try:
+        with transaction.atomic():
+            return _record_send(chat, text, client_id, thinking)
+    except IntegrityError:
+        # Two sends with the same client id raced; the first one won.
+        existing = QueuedInput.objects.get(chat=chat, client_id=client_id)
+        return SendResult(existing.pk, existing.display_seq or 0, None, True, False)
+
+
+def _record_send(chat: ChatSession, text: str, client_id: str, thinking: bool) -> SendResult:
+    live = Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).first()
+    entry = QueuedInput.objects.create(chat=chat, client_id=client_id, content=text)
+    message = ChatMessage(role="user", content=text, extra={"input_id": entry.pk})
+    if live:
+        message.extra["queued"] = True
+    (row,) = store.append_display(chat.pk, [msg_event(message, store.now_ms())])
+    entry.display_seq = row.seq
+    entry.save(update_fields=["display_seq"])
+    if not chat.title:
+        ChatSession.objects.filter(pk=chat.pk).update(title=text.splitlines()[0][:TITLE_CHARS])
+    run_id = None
+    if live is None:
+        run = Run.objects.create(chat=chat, model=chat.model or default_model(), thinking=thinking)
+        run_id = str(run.pk)
+    ring(chat.pk, events_doorbell(row.seq))
+    return SendResult(entry.pk, row.seq, run_id, False, live is not None)
+
+
+def start_run_if_idle(chat: ChatSession) -> str | None:
+    """Start a run for inputs left queued (e.g. after a run ended). Returns its id."""
+    with transaction.atomic():
+        if Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).exists():
+            return None
+        if not QueuedInput.objects.filter(chat=chat, consumed=False).exists():
+            return None
+        try:
+            with transaction.atomic():
+                run = Run.objects.create(chat=chat, model=chat.model or default_model())
+        except IntegrityError:
+            return None
+    return str(run.pk)
+
+
+def regenerate(user, chat_id) -> str:
+    """Answer the last user message again (the earlier reply stays in the log)."""
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    with transaction.atomic():
+        if Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).exists():
+            raise ActionError("Wait for the current reply to finish.", "busy")
+        run = Run.objects.create(chat=chat, model=chat.model or default_model())
+    return str(run.pk)
+
+
+# --- cancel -------------------------------------------------------------------------------
+
+
+def cancel_run(user, chat_id) -> str | None:
+    """Ask the live run to stop. Idempotent; returns the run id or None when idle."""
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).first()
+        if run is None:
+            return None
+        if run.status == Run.Status.WAITING:
+            # Nothing is executing: finish it here.
+            _finish_waiting_run_cancelled(run)
+            return str(run.pk)
+        if not run.cancel_requested:
+            Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+        _ring_cancel(run.pk)
+    return str(run.pk)
+
+
+def _ring_cancel(run_id) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    transaction.on_commit(
+        lambda: async_to_sync(layer.group_send)(
+            run_control_group(run_id), {"type": "run.cancel", "run_id": str(run_id)}
+        )
+    )
+
+
+def _finish_waiting_run_cancelled(run: Run) -> None:
+    now = timezone.now()
+    ToolApproval.objects.filter(run=run, status=ToolApproval.Status.PENDING).update(
+        status=ToolApproval.Status.DENIED, reason="The reply was stopped.", decided_at=now
+    )
+    run.status = Run.Status.CANCELLED
+    run.finished_at = now
+    run.pending_message = None
+    run.save(update_fields=["status", "finished_at", "pending_message"])
+    rows = store.append_display(run.chat_id, [_stamp(ev.Cancelled(partial_text=""), run)])
+    ring(run.chat_id, events_doorbell(rows[-1].seq))
+
+
+# --- approvals ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecideResult:
+    run_id: str | None  # a run to resume, when this answer was the last one it waited for
+    status: str
+
+
+def decide_approval(
+    user, chat_id, call_id: str, *, approve: bool, reason: str = "", always: bool = False
+) -> DecideResult:
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    with transaction.atomic():
+        approval = (
+            ToolApproval.objects.select_for_update()
+            .filter(chat=chat, call_id=call_id)
+            .select_related("run")
+            .first()
+        )
+        if approval is None:
+            raise ActionError("There is no such tool call waiting for approval.", "not_found")
+        if approval.status != ToolApproval.Status.PENDING:
+            return DecideResult(None, approval.status)  # answered already: idempotent
+        approval.status = ToolApproval.Status.APPROVED if approve else ToolApproval.Status.DENIED
+        approval.reason = (reason or "").strip()[:2000]
+        approval.decided_by = user
+        approval.decided_at = timezone.now()
+        approval.save()
+        if always and approve:
+            ChatToolGrant.objects.get_or_create(
+                chat=chat, tool_name=approval.tool_name, defaults={"granted_by": user}
+            )
+        run_id = _record_decision(approval)
+    return DecideResult(run_id, approval.status)
+
+
+def _record_decision(approval: ToolApproval) -> str | None:
+    decision = ev.ApprovalDecided(
+        call_id=approval.call_id,
+        name=approval.tool_name,
+        decision=str(approval.status),
+        reason=approval.reason,
+    )
+    rows = store.append_display(approval.chat_id, [_stamp(decision, approval.run)])
+    ring(approval.chat_id, events_doorbell(rows[-1].seq))
+    still_pending = ToolApproval.objects.filter(
+        run=approval.run_id, status=ToolApproval.Status.PENDING
+    ).exists()
+    if still_pending:
+        return None
+    updated = Run.objects.filter(pk=approval.run_id, status=Run.Status.WAITING).update(
+        status=Run.Status.RUNNING
+    )
+    return str(approval.run_id) if updated else None
+
+
+def expire_approvals(now=None) -> list[str]:
+    """Deny approvals past their deadline; returns the runs to resume."""
+    now = now or timezone.now()
+    to_resume = []
+    for approval_id in ToolApproval.objects.filter(
+        status=ToolApproval.Status.PENDING, expires_at__lte=now
+    ).values_list("pk", flat=True):
+        with transaction.atomic():
+            approval = (
+                ToolApproval.objects.select_for_update()
+                .select_related("run")
+                .filter(pk=approval_id, status=ToolApproval.Status.PENDING)
+                .first()
+            )
+            if approval is None:
+                continue
+            approval.status = ToolApproval.Status.EXPIRED
+            approval.reason = "No answer in time."
+            approval.decided_at = now
+            approval.save()
+            run_id = _record_decision(approval)
+        if run_id:
+            to_resume.append(run_id)
+    return to_resume
+
+
+def decisions_for(run: Run) -> dict[str, Decision]:
+    decisions = {}
+    for approval in ToolApproval.objects.filter(run=run):
+        if approval.status == ToolApproval.Status.PENDING:
+            continue
+        decisions[approval.call_id] = Decision(
+            approved=approval.status == ToolApproval.Status.APPROVED,
+            reason=approval.reason,
+            expired=approval.status == ToolApproval.Status.EXPIRED,
+        )
+    return decisions
+
+
+# --- model switch, rename, compact ------------------------------------------------------------
+
+
+def switch_model(user, chat_id, alias: str) -> str:
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    if alias not in {c.alias for c in available_models()}:
+        raise ActionError(str(UnknownModel(alias)), "unknown_model")
+    ChatSession.objects.filter(pk=chat.pk).update(model=alias)
+    return alias
+
+
+def rename_chat(user, chat_id, title: str) -> str:
+    chat = access_chat(user, chat_id, ChatAction.MANAGE)
+    title = " ".join((title or "").split())[:200]
+    if not title:
+        raise ActionError("A chat needs a title.", "empty")
+    ChatSession.objects.filter(pk=chat.pk).update(title=title)
+    return title
+
+
+# --- the run host -----------------------------------------------------------------------------
+
+
+def _stamp(event: ev.RunEvent, run: Run) -> dict[str, Any]:
+    event.chat_id = str(run.chat_id)
+    event.run_id = str(run.pk)
+    payload = event.to_dict()
+    payload.pop("seq", None)
+    return payload
+
+
+class DjangoRunHost:
+    """Persists and publishes what a running loop produces."""
+
+    def __init__(self, run: Run, context: list[ChatMessage]) -> None:
+        self.run = run
+        self.chat_id = run.chat_id
+        self.channels = LiveChannels(context=list(context))
+        self.persisted = len(context)
+        self.display_written = 0
+        self.round = 0
+        self.last_push = 0.0
+        self.last_checkpoint = time.monotonic()
+        self.grants: set[str] = set()
+        self.agent_prompt = ""
+        self.partial = ("", "")
+
+    # RunHost protocol ------------------------------------------------------------------
+
+    async def emit(self, event: ev.RunEvent) -> None:
+        if not event.persisted:
+            return
+        payload = _stamp(event, self.run)
+        rows = await database_sync_to_async(self._append_event)(event, payload)
+        await aring(self.chat_id, events_doorbell(rows[-1].seq))
+
+    def _append_event(self, event: ev.RunEvent, payload: dict[str, Any]):
+        with transaction.atomic():
+            rows = store.append_display(self.chat_id, [payload])
+            if isinstance(event, ev.IterationStart):
+                Run.objects.filter(pk=self.run.pk).update(iteration=event.iteration)
+        return rows
+
+    def take_new_display(self) -> list[ChatMessage]:
+        """Display messages not yet written, stamped with this run and its stream round.
+
+        A round is one streamed reply; the stream snapshots carry the round they belong
+        to, so a subscriber can drop a late snapshot of a reply already written.
+        """
+        new_display = self.channels.display[self.display_written :]
+        self.display_written = len(self.channels.display)
+        for message in new_display:
+            message.extra.setdefault("run_id", str(self.run.pk))
+            if message.role == "assistant" and not message.sender_name:
+                message.extra["round"] = self.round
+                self.round += 1
+        return new_display
+
+    async def commit(self) -> None:
+        last_seq = await database_sync_to_async(self._commit)(self.take_new_display())
+        if last_seq:
+            await aring(self.chat_id, events_doorbell(last_seq))
+
+    def _commit(self, new_display: list[ChatMessage]) -> int:
+        with transaction.atomic():
+            rows = store.append_display_messages(self.chat_id, new_display)
+            self.persisted = store.persist_context(
+                self.chat_id, self.channels.context, self.persisted
+            )
+        return rows[-1].seq if rows else 0
+
+    async def stream_update(self, text: str, reasoning: str) -> None:
+        self.partial = (text, reasoning)
+        now = time.monotonic()
+        if now - self.last_checkpoint >= settings.LYCEUM_CHECKPOINT_INTERVAL:
+            self.last_checkpoint = now
+            await database_sync_to_async(self.checkpoint)()
+        if now - self.last_push >= settings.LYCEUM_STREAM_PUSH_INTERVAL:
+            self.last_push = now
+            await self.push_stream()
+
+    async def push_stream(self) -> None:
+        text, reasoning = self.partial
+        await aring(
+            self.chat_id,
+            {
+                "type": "chat.stream",
+                "run_id": str(self.run.pk),
+                "round": self.round,
+                "text": text,
+                "reasoning": reasoning,
+                "sent_at": time.time(),
+            },
+        )
+
+    def checkpoint(self) -> None:
+        text, reasoning = self.partial
+        Run.objects.filter(pk=self.run.pk).update(
+            partial_text=text, partial_reasoning=reasoning, checkpoint_at=timezone.now()
+        )
+
+    async def take_queued(self) -> list[QueuedText]:
+        return await database_sync_to_async(self._take_queued)()
+
+    def _take_queued(self) -> list[QueuedText]:
+        with transaction.atomic():
+            rows = list(
+                QueuedInput.objects.select_for_update()
+                .filter(chat_id=self.chat_id, consumed=False)
+                .order_by("pk")
+            )
+            QueuedInput.objects.filter(pk__in=[r.pk for r in rows]).update(
+                consumed=True, run=self.run
+            )
+        return [QueuedText(r.content, r.display_seq or 0) for r in rows]
+
+    async def system_prompt(self) -> str:
+        agent_prompt = await database_sync_to_async(self._agent_prompt)()
+        today = timezone.now().strftime("%A %d %B %Y")
+        return f"{agent_prompt}\n\nToday is {today}.".strip()
+
+    def _agent_prompt(self) -> str:
+        chat = ChatSession.objects.select_related("agent").get(pk=self.chat_id)
+        return chat.agent.system_prompt if chat.agent else ""
+
+    async def restore_context(self, messages: list[ChatMessage]) -> None:
+        await database_sync_to_async(store.restore_context)(self.chat_id, messages)
+        self.persisted = len(messages)
+
+    async def suspend(self, message: ChatMessage, pending: list[ToolCall], usage) -> None:
+        self.usage = usage
+        await database_sync_to_async(self._suspend)(message, pending)
+
+    def _suspend(self, message: ChatMessage, pending: list[ToolCall]) -> None:
+        expires = timezone.now() + timedelta(seconds=settings.LYCEUM_APPROVAL_TIMEOUT)
+        with transaction.atomic():
+            ToolApproval.objects.bulk_create(
+                [
+                    ToolApproval(
+                        chat_id=self.chat_id,
+                        run=self.run,
+                        call_id=call.id,
+                        tool_name=call.name,
+                        arguments=call.arguments,
+                        expires_at=expires,
+                    )
+                    for call in pending
+                ]
+            )
+            payloads = [
+                _stamp(
+                    ev.ApprovalRequired(
+                        call_id=call.id,
+                        name=call.name,
+                        input=_json_or_raw(call.arguments),
+                        expires_at=expires.isoformat(),
+                    ),
+                    self.run,
+                )
+                for call in pending
+            ]
+            rows = store.append_display(self.chat_id, payloads)
+            Run.objects.filter(pk=self.run.pk).update(
+                status=Run.Status.WAITING,
+                input_tokens=self.usage.input_tokens,
+                output_tokens=self.usage.output_tokens,
+                usage_estimated=self.usage.estimated,
+                pending_message=message.to_dict(),
+                partial_text="",
+                partial_reasoning="",
+            )
+            ring(self.chat_id, events_doorbell(rows[-1].seq))
+
+    def granted(self, tool_name: str) -> bool:
+        return tool_name in self.grants
+
+
+def _json_or_raw(raw: str) -> Any:
+    import json
+
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def partial_message(text: str, reasoning: str, status: str) -> ChatMessage | None:
+    """The partial reply kept when a run stops early, marked with how it ended."""
+    if not text and not reasoning:
+        return None
+    return assistant(text, reasoning_content=reasoning or None, extra={"ended": status})
