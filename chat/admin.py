@@ -1,6 +1,7 @@
+from django import forms
 from django.contrib import admin
 
-from chat.models import ChatEvent, ChatSession
+from chat.models import Agent, ApiKey, ChatEvent, ChatSession, Provider, ProviderModel, Run
 
 
 @admin.register(ChatSession)
@@ -18,3 +19,49 @@ class ChatEventAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False  # the log is append-only
+
+
+class ProviderModelInline(admin.TabularInline):
+    model = ProviderModel
+    extra = 1
+    fields = ["alias", "model_id", "context_window", "enabled"]
+
+
+@admin.register(Provider)
+class ProviderAdmin(admin.ModelAdmin):
+    """Base URLs and keys are admin-only: nothing else in the app shows or edits them."""
+
+    list_display = ["name", "kind", "base_url", "enabled"]
+    inlines = [ProviderModelInline]
+
+    def get_form(self, request, obj=None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        if "api_key" in form.base_fields:
+            # Never render the stored key back into the page.
+            form.base_fields["api_key"].widget = forms.PasswordInput(render_value=False)
+            form.base_fields["api_key"].help_text = "Leave empty to keep the current key."
+        return form
+
+    def save_model(self, request, obj, form, change):
+        if change and not form.cleaned_data.get("api_key"):
+            obj.api_key = Provider.objects.get(pk=obj.pk).api_key
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(Agent)
+class AgentAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "default_model", "is_default"]
+    prepopulated_fields = {"slug": ["name"]}
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["pk", "chat", "status", "model", "started_at", "input_tokens", "output_tokens"]
+    list_filter = ["status", "model"]
+    readonly_fields = [f.name for f in Run._meta.fields]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]

@@ -11,6 +11,7 @@ from asgiref.sync import SyncToAsync
 from django.contrib.auth.models import Group
 
 from chat.roles import TEACHERS_GROUP
+from tests.fakeopenai import fake_openai  # noqa: F401 - a fixture for every test module
 
 PASSWORD = "correct-horse-battery"
 CHROMIUM = "/usr/bin/chromium"

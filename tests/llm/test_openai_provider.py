@@ -33,7 +33,6 @@ from chat.llm.types import (
 from tests import fakeopenai
 from tests.fakeopenai import FakeOpenAI, FakeToolCall, Script
 
-fake_openai = fakeopenai.fake_openai  # the fixture, until tests/conftest.py imports it
 
 API_KEY = "sk-lyceum-TESTKEY-7f3a9c2e1b4d8f60aa"
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
