@@ -30,9 +30,7 @@ from chat.llm.types import (
     ToolCallStarted,
     Usage,
 )
-from tests import fakeopenai
 from tests.fakeopenai import FakeOpenAI, FakeToolCall, Script
-
 
 API_KEY = "sk-lyceum-TESTKEY-7f3a9c2e1b4d8f60aa"
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
