@@ -1,7 +1,10 @@
-"""Turn display events into what the page shows: one partial per display type.
+"""What people see: display events folded into items, rendered by one partial each.
 
-The full page and the live push both go through :func:`render_item`, so a
-message looks the same whether it was loaded or streamed in.
+The full page and the live push both render through the partials named here,
+so a message looks the same whether it was loaded or streamed in. Events that
+only change state (a tool started, an approval was answered, a queued message
+was taken) are folded into the items they belong to on the page, and pushed
+as small out-of-band updates of those same partials when live.
 """
 
 from __future__ import annotations
@@ -14,14 +17,27 @@ from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils.functional import cached_property
+from django.utils.text import slugify
 
 from chat.core import eventlog
-from chat.core.messages import ChatMessage, DisplayType
+from chat.core.messages import ChatMessage
 from chat.rendering import render_markdown
 from chat.store import StoredEvent
 
 SENDER_PALETTE = 8
 MAIN_AGENT_LABEL = "Assistant"
+# Event kinds shown as items of their own (besides messages).
+ITEM_KINDS = {"compacted", "complete", "cancelled", "error", "model_switched"}
+CALL_EVENT_KINDS = ("tool_start", "tool_end", "approval_required", "approval_decided")
+STATUS_LABELS = {
+    "waiting": "waiting",
+    "approval": "waiting for approval",
+    "approved": "approved",
+    "running": "running",
+    "done": "done",
+    "failed": "failed",
+    "denied": "denied",
+}
 
 
 def sender_colour(name: str) -> int:
@@ -36,14 +52,53 @@ def pretty_arguments(raw: str) -> str:
         return raw
 
 
+def call_dom_id(call_id: str) -> str:
+    return slugify(call_id) or "call"
+
+
+@dataclass
+class CallState:
+    """Where one tool call stands, folded from its events."""
+
+    id: str
+    name: str
+    arguments: str
+    status: str = "waiting"
+    approval: dict[str, Any] | None = None  # the pending approval_required payload
+    decision: dict[str, Any] | None = None  # the approval_decided payload
+
+    @property
+    def dom_id(self) -> str:
+        return call_dom_id(self.id)
+
+    @property
+    def status_label(self) -> str:
+        return STATUS_LABELS.get(self.status, self.status)
+
+    @property
+    def pretty_arguments(self) -> str:
+        return pretty_arguments(self.arguments)
+
+    def apply(self, kind: str, payload: dict[str, Any]) -> None:
+        if kind == "approval_required":
+            self.status, self.approval = "approval", payload
+        elif kind == "approval_decided":
+            self.decision, self.approval = payload, None
+            self.status = "approved" if payload.get("decision") == "approved" else "denied"
+        elif kind == "tool_start":
+            self.status = "running"
+        elif kind == "tool_end":
+            self.status = payload.get("status") or "done"
+
+
 @dataclass
 class DisplayItem:
     seq: int
     kind: str
     payload: dict[str, Any]
     message: ChatMessage | None = None
-    # Filled by build_items for tool-call cards: call id -> result message.
-    results: dict[str, ChatMessage] = field(default_factory=dict)
+    calls: list[CallState] = field(default_factory=list)
+    queued: bool = False
 
     @property
     def template(self) -> str:
@@ -52,6 +107,10 @@ class DisplayItem:
     @property
     def dom_id(self) -> str:
         return f"ev-{self.seq}"
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        return self.message.extra if self.message else {}
 
     @property
     def sender(self) -> str:
@@ -67,42 +126,51 @@ class DisplayItem:
     def html(self) -> str:
         return render_markdown(self.message.content) if self.message else ""
 
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        calls = []
-        for call in (self.message.tool_calls if self.message else None) or []:
-            result = self.results.get(call.id)
-            calls.append(
-                {
-                    "id": call.id,
-                    "name": call.name,
-                    "arguments": pretty_arguments(call.arguments),
-                    "raw_arguments": call.arguments,
-                    "result": result.content if result else None,
-                    "status": "done" if result else "waiting",
-                }
-            )
-        return calls
 
-
-def item_from_event(event: StoredEvent) -> DisplayItem:
+def item_from_event(event: StoredEvent) -> DisplayItem | None:
     if event.kind == eventlog.MSG:
         message = ChatMessage.from_dict(event.payload)
-        return DisplayItem(event.seq, message.display_type.value, event.payload, message)
-    return DisplayItem(event.seq, event.kind, event.payload)
+        item = DisplayItem(event.seq, message.display_type.value, event.payload, message)
+        if message.tool_calls:
+            item.calls = [CallState(c.id, c.name, c.arguments) for c in message.tool_calls]
+        item.queued = bool(message.extra.get("queued"))
+        return item
+    if event.kind in ITEM_KINDS:
+        return DisplayItem(event.seq, event.kind, event.payload)
+    return None
 
 
-def build_items(events: Iterable[StoredEvent]) -> list[DisplayItem]:
-    items = [item_from_event(e) for e in events]
-    results = {
-        item.message.tool_call_id: item.message
-        for item in items
-        if item.kind == DisplayType.TOOL_RESULT and item.message and item.message.tool_call_id
-    }
-    for item in items:
-        if item.kind == DisplayType.TOOL_CALL_REQUEST:
-            item.results = results
+def build_items(
+    events: Iterable[StoredEvent], later_call_events: Iterable[StoredEvent] = ()
+) -> list[DisplayItem]:
+    """Items for a page of events; ``later_call_events`` completes calls whose
+    status events fall after the page (older pages of a long chat)."""
+    events = list(events)
+    items: list[DisplayItem] = []
+    calls: dict[str, CallState] = {}
+    queued: dict[int, DisplayItem] = {}
+    for event in events:
+        item = item_from_event(event)
+        if item is not None:
+            items.append(item)
+            calls.update({c.id: c for c in item.calls})
+            if item.queued:
+                queued[item.seq] = item
+    seen = {e.seq for e in events}
+    for event in [*events, *(e for e in later_call_events if e.seq not in seen)]:
+        if event.kind in CALL_EVENT_KINDS:
+            call = calls.get(event.payload.get("call_id", ""))
+            if call:
+                call.apply(event.kind, event.payload)
+        elif event.kind == "input_taken":
+            taken = queued.get(event.payload.get("input_seq"))
+            if taken:
+                taken.queued = False
     return items
+
+
+def call_ids(items: Iterable[DisplayItem]) -> list[str]:
+    return [c.id for item in items for c in item.calls]
 
 
 def render_item(item: DisplayItem, **context: Any) -> str:

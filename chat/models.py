@@ -125,8 +125,13 @@ class Run(models.Model):
 
     TERMINAL = {Status.COMPLETED, Status.CANCELLED, Status.FAILED, Status.INTERRUPTED}
 
+    class Kind(models.TextChoices):
+        REPLY = "reply"
+        COMPACT = "compact", "compact now"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     chat = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="runs")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.REPLY)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     model = models.CharField(max_length=100)
     started_at = models.DateTimeField(auto_now_add=True)

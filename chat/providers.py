@@ -50,6 +50,7 @@ def _openai(name: str, base_url: str, api_key: str) -> OpenAIProvider:
         first_byte_timeout=settings.LYCEUM_FIRST_BYTE_TIMEOUT,
         idle_timeout=settings.LYCEUM_IDLE_TIMEOUT,
         max_retries=settings.LYCEUM_MAX_RETRIES,
+        backoff_base=getattr(settings, "LYCEUM_RETRY_BACKOFF", 1.0),
     )
 
 

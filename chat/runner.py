@@ -27,7 +27,7 @@ from django.utils import timezone
 from chat import runs, store
 from chat.agent import events as ev
 from chat.agent.hooks import HookRegistry
-from chat.agent.loop import DELEGATE, AgentLoop, Decision, LoopConfig
+from chat.agent.loop import DELEGATE, AgentLoop, Decision, LoopConfig, LoopOutcome
 from chat.agent.tools import ToolRegistry, default_registry
 from chat.agent.workspace import Workspace
 from chat.core.messages import ChatMessage
@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.5
 HEARTBEAT_INTERVAL = 2.0
-STALE_AFTER = timedelta(seconds=15)
+STALE_AFTER = timedelta(seconds=15)  # the default of settings.LYCEUM_RUN_STALE_SECONDS
 SWEEP_INTERVAL = 5.0
 
 _tasks: dict[str, asyncio.Task] = {}
@@ -92,13 +92,21 @@ def ensure_sweeper() -> None:
         _sweeper = _background(sweep_forever())
 
 
+def stale_after() -> timedelta:
+    """How old a running run's heartbeat may get before the run counts as dead."""
+    seconds = getattr(settings, "LYCEUM_RUN_STALE_SECONDS", None)
+    return timedelta(seconds=seconds) if seconds else STALE_AFTER
+
+
 async def sweep_forever() -> None:
+    # A short stale window is pointless if sweeps are far apart: sweep at least twice in it.
+    interval = min(SWEEP_INTERVAL, stale_after().total_seconds() / 2)
     while True:
         try:
             await sweep_once()
         except Exception:  # noqa: BLE001 - keep sweeping
             logger.exception("run sweeper failed")
-        await asyncio.sleep(SWEEP_INTERVAL)
+        await asyncio.sleep(interval)
 
 
 async def sweep_once() -> None:
@@ -203,7 +211,12 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
         run.output_tokens,
     )  # earlier legs of a resumed run
     loop.usage_estimated = run.usage_estimated
-    body = asyncio.create_task(loop.run(resume=prepared.resume, first_iteration=run.iteration + 1))
+    if run.kind == Run.Kind.COMPACT:
+        body = asyncio.create_task(_compact_only(loop))
+    else:
+        body = asyncio.create_task(
+            loop.run(resume=prepared.resume, first_iteration=run.iteration + 1)
+        )
     watcher = asyncio.create_task(_watch(run_id, body))
     outcome = None
     try:
@@ -225,6 +238,15 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     finally:
         watcher.cancel()
     await _start_next(prepared.chat)
+
+
+async def _compact_only(loop: AgentLoop) -> LoopOutcome:
+    """"Compact now": the same compaction path as automatic, outside a reply."""
+    if not await loop.compact_now():
+        raise ProviderError(
+            ErrorCategory.PROVIDER_ERROR, "The conversation could not be compacted right now."
+        )
+    return LoopOutcome("completed")
 
 
 async def _watch(run_id: str, body: asyncio.Task) -> str:
@@ -345,7 +367,7 @@ def recover_stale_runs(*, everything: bool = False) -> list[str]:
     """
     runs_to_recover = Run.objects.filter(status=Run.Status.RUNNING)
     if not everything:
-        cutoff = timezone.now() - STALE_AFTER
+        cutoff = timezone.now() - stale_after()
         runs_to_recover = runs_to_recover.filter(heartbeat_at__lt=cutoff) | runs_to_recover.filter(
             heartbeat_at__isnull=True, started_at__lt=cutoff
         )

@@ -123,7 +123,15 @@ class SendResult:
     queued: bool
 
 
-def send_message(user, chat_id, text: str, client_id: str, *, thinking: bool = True) -> SendResult:
+def send_message(
+    user,
+    chat_id,
+    text: str,
+    client_id: str,
+    *,
+    thinking: bool = True,
+    edit_of: int | None = None,
+) -> SendResult:
     """Store a user message once per ``client_id``; start a run unless one is live."""
     text = (text or "").strip()
     if not text:
@@ -142,17 +150,21 @@ def send_message(user, chat_id, text: str, client_id: str, *, thinking: bool = T
         return SendResult(existing.pk, existing.display_seq or 0, None, True, False)
     try:
         with transaction.atomic():
-            return _record_send(chat, text, client_id, thinking)
+            return _record_send(chat, text, client_id, thinking, edit_of)
     except IntegrityError:
         # Two sends with the same client id raced; the first one won.
         existing = QueuedInput.objects.get(chat=chat, client_id=client_id)
         return SendResult(existing.pk, existing.display_seq or 0, None, True, False)
 
 
-def _record_send(chat: ChatSession, text: str, client_id: str, thinking: bool) -> SendResult:
+def _record_send(
+    chat: ChatSession, text: str, client_id: str, thinking: bool, edit_of: int | None
+) -> SendResult:
     live = Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).first()
     entry = QueuedInput.objects.create(chat=chat, client_id=client_id, content=text)
     message = ChatMessage(role="user", content=text, extra={"input_id": entry.pk})
+    if edit_of:
+        message.extra["edit_of"] = edit_of
     if live:
         message.extra["queued"] = True
     (row,) = store.append_display(chat.pk, [msg_event(message, store.now_ms())])
@@ -183,13 +195,58 @@ def start_run_if_idle(chat: ChatSession) -> str | None:
     return str(run.pk)
 
 
+def _new_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY) -> Run:
+    """A run for ``chat`` if none is live (call inside a transaction)."""
+    if Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).exists():
+        raise ActionError("Wait for the current reply to finish.", "busy")
+    return Run.objects.create(chat=chat, model=chat.model or default_model(), kind=kind)
+
+
+def _last_user_index(context: list[ChatMessage]) -> int:
+    for index in range(len(context) - 1, -1, -1):
+        if context[index].role == "user":
+            return index
+    raise ActionError("There is no message to answer yet.", "empty")
+
+
 def regenerate(user, chat_id) -> str:
-    """Answer the last user message again (the earlier reply stays in the log)."""
+    """Answer the last user message again; the earlier reply stays in the log and on screen."""
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    with transaction.atomic():
+        run = _new_run(chat)
+        context = store.load_context(chat.pk)
+        keep = _last_user_index(context) + 1
+        if keep < len(context):
+            store.restore_context(chat.pk, context[:keep])
+        note = ChatMessage(role="system", content="Regenerating the last reply.")
+        rows = store.append_display_messages(chat.pk, [note])
+        ring(chat.pk, events_doorbell(rows[-1].seq))
+    return str(run.pk)
+
+
+def edit_last_message(user, chat_id, text: str, client_id: str) -> SendResult:
+    """Replace the last user message with ``text`` and answer it; both versions stay shown."""
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
         if Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).exists():
             raise ActionError("Wait for the current reply to finish.", "busy")
-        run = Run.objects.create(chat=chat, model=chat.model or default_model())
+        context = store.load_context(chat.pk)
+        store.restore_context(chat.pk, context[: _last_user_index(context)])
+        previous = (
+            QueuedInput.objects.filter(chat=chat)
+            .order_by("-pk")
+            .values_list("display_seq", flat=True)
+            .first()
+        )
+        result = send_message(user, chat.pk, text, client_id, edit_of=previous)
+    return result
+
+
+def request_compaction(user, chat_id) -> str:
+    """ "Compact now": a run that only compacts the context."""
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    with transaction.atomic():
+        run = _new_run(chat, kind=Run.Kind.COMPACT)
     return str(run.pk)
 
 
@@ -337,10 +394,16 @@ def decisions_for(run: Run) -> dict[str, Decision]:
 
 
 def switch_model(user, chat_id, alias: str) -> str:
+    """Use ``alias`` from the next request on (a run in progress keeps its model)."""
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     if alias not in {c.alias for c in available_models()}:
         raise ActionError(str(UnknownModel(alias)), "unknown_model")
-    ChatSession.objects.filter(pk=chat.pk).update(model=alias)
+    if alias == chat.model:
+        return alias
+    with transaction.atomic():
+        ChatSession.objects.filter(pk=chat.pk).update(model=alias)
+        rows = store.append_display(chat.pk, [{"type": "model_switched", "model": alias}])
+        ring(chat.pk, events_doorbell(rows[-1].seq))
     return alias
 
 

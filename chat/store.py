@@ -128,3 +128,29 @@ def load_display_messages(chat_id) -> list[ChatMessage]:
 
 def create_chat(owner, *, title: str = "", model: str = "") -> ChatSession:
     return ChatSession.objects.create(owner=owner, title=title[:200], model=model)
+
+
+def state_events_after(
+    chat_id, after_seq: int, *, call_ids: list[str], input_seqs: list[int]
+) -> list[StoredEvent]:
+    """Status events (tool calls, taken inputs) after a page, for the page's calls and inputs."""
+    from django.db.models import Q
+
+    if not call_ids and not input_seqs:
+        return []
+    wanted = Q(kind__in=["tool_start", "tool_end", "approval_required", "approval_decided"]) & Q(
+        payload__call_id__in=call_ids
+    )
+    if input_seqs:
+        wanted |= Q(kind="input_taken", payload__input_seq__in=input_seqs)
+    rows = (
+        ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, seq__gt=after_seq)
+        .filter(wanted)
+        .order_by("seq")
+        .values_list("seq", "kind", "payload")
+    )
+    return [StoredEvent(seq, kind, payload) for seq, kind, payload in rows]
+
+
+def last_display_seq(chat_id) -> int:
+    return ChatSession.objects.values_list("last_display_seq", flat=True).get(pk=chat_id)

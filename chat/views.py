@@ -1,33 +1,203 @@
-"""Thin views: fetch with permission, call the store, render."""
+"""Thin views: fetch with permission, call the store or an action, render."""
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+import json
+from dataclasses import dataclass
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import display, store
+from chat import display, exports, runs, store
 from chat.access import ChatAction, access_chat
-from chat.models import ChatSession
+from chat.apikeys import create_api_key, revoke_api_key
+from chat.models import Agent, ApiKey, ChatEvent, ChatSession, Run
+from chat.providers import available_models
 
-PAGE_SIZE = 50
+PAGE_ITEMS = 50
+EVENT_BATCH = 200
+SIDEBAR_CHATS = 100
+
+
+@dataclass
+class Page:
+    items: list[display.DisplayItem]
+    has_older: bool
+
+    @property
+    def first_seq(self) -> int:
+        return self.items[0].seq if self.items else 0
+
+
+def page_of_items(chat_id, before_seq: int | None = None, limit: int = PAGE_ITEMS) -> Page:
+    """The newest ``limit`` items before ``before_seq``, with their states folded in."""
+    events: list[store.StoredEvent] = []
+    cursor = before_seq
+    while True:
+        batch = store.display_events_before(chat_id, cursor, EVENT_BATCH)
+        events = batch + events
+        items = display.build_items(events)
+        if len(batch) < EVENT_BATCH or len(items) > limit:
+            break
+        cursor = batch[0].seq
+    has_older = len(items) > limit or (
+        bool(events) and events[0].seq > 1 and len(batch) == EVENT_BATCH
+    )
+    items = items[-limit:]
+    if before_seq is not None and items:
+        # An older page: statuses of its calls may have been written after it.
+        later = store.state_events_after(
+            chat_id,
+            events[-1].seq,
+            call_ids=display.call_ids(items),
+            input_seqs=[i.seq for i in items if i.queued],
+        )
+        if later:
+            items = display.build_items([e for e in events if e.seq >= items[0].seq], later)
+    return Page(items, has_older)
+
+
+def sidebar_chats(user, query: str = ""):
+    chats = ChatSession.objects.filter(owner=user).only("id", "title", "updated_at")
+    if query:
+        chats = chats.filter(title__icontains=query)
+    return chats[:SIDEBAR_CHATS]
 
 
 @require_GET
 def home(request: HttpRequest) -> HttpResponse:
-    chats = ChatSession.objects.filter(owner=request.user).only("id", "title", "updated_at")
-    return render(request, "chat/home.html", {"chats": chats[:200]})
+    return render(
+        request,
+        "chat/home.html",
+        {"chats": sidebar_chats(request.user), **_new_chat_options()},
+    )
+
+
+def _new_chat_options() -> dict:
+    return {"agents": Agent.objects.all(), "models": available_models()}
+
+
+@require_GET
+def chat_search(request: HttpRequest) -> HttpResponse:
+    query = request.GET.get("q", "").strip()[:100]
+    return render(
+        request,
+        "chat/_chat_list.html",
+        {"chats": sidebar_chats(request.user, query), "query": query},
+    )
 
 
 @require_POST
 def chat_new(request: HttpRequest) -> HttpResponse:
-    chat = store.create_chat(request.user)
+    agent = None
+    if slug := request.POST.get("agent"):
+        agent = Agent.objects.filter(slug=slug).first()
+    try:
+        chat = runs.new_chat(request.user, agent=agent, model=request.POST.get("model", ""))
+    except runs.ActionError as exc:
+        messages.error(request, exc.message)
+        return redirect("home")
     return redirect("chat_detail", chat_id=chat.pk)
 
 
 @require_GET
 def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
-    events = store.display_events_before(chat.pk, None, PAGE_SIZE)
-    items = display.build_items(events)
-    return render(request, "chat/detail.html", {"chat": chat, "items": items})
+    page = page_of_items(chat.pk)
+    live = Run.objects.filter(chat=chat, status__in=runs.LIVE).first()
+    usage = (
+        ChatEvent.objects.filter(chat=chat, channel="display", kind="context_usage")
+        .order_by("-seq")
+        .values_list("payload", flat=True)
+        .first()
+    )
+    return render(
+        request,
+        "chat/detail.html",
+        {
+            "chat": chat,
+            "page": page,
+            "last_seq": chat.last_display_seq,
+            "live_run": live,
+            "context_usage": usage,
+            "models": available_models(),
+            "chats": sidebar_chats(request.user),
+            "can_write": chat.owner_id == request.user.pk,
+            **_new_chat_options(),
+        },
+    )
+
+
+@require_GET
+def chat_older(request: HttpRequest, chat_id) -> HttpResponse:
+    chat = access_chat(request.user, chat_id, ChatAction.VIEW)
+    try:
+        before = int(request.GET.get("before", ""))
+    except ValueError:
+        return HttpResponse("'before' must be a number", status=400)
+    page = page_of_items(chat.pk, before)
+    return render(request, "chat/_older.html", {"chat": chat, "page": page})
+
+
+@require_POST
+def chat_rename(request: HttpRequest, chat_id) -> HttpResponse:
+    try:
+        runs.rename_chat(request.user, chat_id, request.POST.get("title", ""))
+    except runs.ActionError as exc:
+        messages.error(request, exc.message)
+    chat = access_chat(request.user, chat_id, ChatAction.VIEW)
+    if request.htmx:
+        return render(request, "chat/_title.html", {"chat": chat, "can_write": True})
+    return redirect("chat_detail", chat_id=chat.pk)
+
+
+@require_http_methods(["GET", "POST"])
+def chat_delete(request: HttpRequest, chat_id) -> HttpResponse:
+    chat = access_chat(request.user, chat_id, ChatAction.MANAGE)
+    if request.method == "POST":
+        title = chat.display_title
+        chat.delete()
+        messages.success(request, f"Deleted “{title}”.")
+        return redirect("home")
+    return render(request, "chat/delete.html", {"chat": chat})
+
+
+@require_GET
+def chat_export(request: HttpRequest, chat_id, fmt: str) -> HttpResponse:
+    chat = access_chat(request.user, chat_id, ChatAction.VIEW)
+    if fmt not in ("md", "json"):
+        raise Http404("Unknown export format")
+    with_reasoning = request.GET.get("reasoning") == "1"
+    events = store.display_events_after(chat.pk, 0)
+    if fmt == "json":
+        body = json.dumps(
+            exports.as_json(chat, events, with_reasoning=with_reasoning),
+            ensure_ascii=False,
+            indent=2,
+        )
+        content_type = "application/json; charset=utf-8"
+    else:
+        body = exports.as_markdown(chat, events, with_reasoning=with_reasoning)
+        content_type = "text/markdown; charset=utf-8"
+    response = HttpResponse(body, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{exports.filename(chat, fmt)}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@require_http_methods(["GET", "POST"])
+def api_keys(request: HttpRequest) -> HttpResponse:
+    new_key = None
+    if request.method == "POST":
+        if revoke := request.POST.get("revoke"):
+            if revoke_api_key(request.user, revoke):
+                messages.success(request, "The key was revoked.")
+            return redirect("api_keys")
+        _key, new_key = create_api_key(request.user, request.POST.get("name", "").strip())
+    keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
+    return render(
+        request, "chat/api_keys.html", {"keys": keys, "new_key": new_key, "now": timezone.now()}
+    )

@@ -1,9 +1,13 @@
 """WebSocket routes and the worker channel on which runs are dispatched."""
 
 from django.conf import settings
+from django.urls import path
 
+from chat.consumers import ChatConsumer
 from chat.runner import RunWorkerConsumer
 
-websocket_urlpatterns: list = []
+websocket_urlpatterns = [
+    path("ws/chat/<uuid:chat_id>/", ChatConsumer.as_asgi()),
+]
 
 channel_routes = {settings.LYCEUM_WORKER_CHANNEL: RunWorkerConsumer.as_asgi()}

@@ -113,11 +113,19 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channels ---------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
+# Key prefix of the Redis channel layer: deployments (or test runs) sharing one Redis
+# database keep their channels and groups apart with distinct prefixes.
+LYCEUM_REDIS_PREFIX = env_str("LYCEUM_REDIS_PREFIX", "asgi") or "asgi"
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "capacity": 1500,
+                "expiry": 30,
+                "prefix": LYCEUM_REDIS_PREFIX,
+            },
         }
     }
 else:
@@ -193,7 +201,12 @@ LYCEUM_CONNECT_TIMEOUT = env_float("LYCEUM_CONNECT_TIMEOUT", 10.0, minimum=0.01)
 LYCEUM_FIRST_BYTE_TIMEOUT = env_float("LYCEUM_FIRST_BYTE_TIMEOUT", 60.0, minimum=0.01)
 LYCEUM_IDLE_TIMEOUT = env_float("LYCEUM_IDLE_TIMEOUT", 60.0, minimum=0.01)
 LYCEUM_MAX_RETRIES = env_int("LYCEUM_MAX_RETRIES", 3, minimum=0)
+# Base of the exponential backoff between retries (seconds; a Retry-After header wins).
+LYCEUM_RETRY_BACKOFF = env_float("LYCEUM_RETRY_BACKOFF", 1.0, minimum=0)
 LYCEUM_RUN_GUARD_SECONDS = env_float("LYCEUM_RUN_GUARD_SECONDS", 300.0, minimum=1)
+# A running run whose heartbeat is older than this is taken for dead (its process
+# crashed) and marked interrupted. Heartbeats come every 2 s, so it must stay above that.
+LYCEUM_RUN_STALE_SECONDS = env_float("LYCEUM_RUN_STALE_SECONDS", 15.0, minimum=3)
 LYCEUM_APPROVAL_TIMEOUT = env_float("LYCEUM_APPROVAL_TIMEOUT", 900.0, minimum=1)
 LYCEUM_TOOL_TIMEOUT = env_float("LYCEUM_TOOL_TIMEOUT", 30.0, minimum=0.1)
 LYCEUM_DEMO_TOKEN_DELAY = env_float("LYCEUM_DEMO_TOKEN_DELAY", 0.03, minimum=0)

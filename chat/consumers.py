@@ -1,0 +1,214 @@
+"""The chat socket: one consumer per open chat, at ``/ws/chat/<id>/``.
+
+It does no work itself. Each frame names an action, access is checked again
+for every action, and the action functions of ``chat.runs`` do the rest. Pushes
+come from the chat's group: the doorbell says "something was written", and the
+consumer reads the display events it has not sent yet from the database, so a
+lost doorbell costs latency, never an event. Stream snapshots (the reply being
+written) go straight to the page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.http import Http404
+
+from chat import live, runner, runs, store
+from chat.access import ChatAction, access_chat
+from chat.models import Run
+
+logger = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+REPLAY_BATCH = 200
+WRITE_ACTIONS = {
+    "send",
+    "cancel",
+    "approve",
+    "always",
+    "deny",
+    "switch_model",
+    "compact",
+    "regenerate",
+    "edit_last",
+}
+
+
+class ChatConsumer(AsyncWebsocketConsumer):
+    chat_id: str
+    last_seq: int | None = None  # None until the page says where it is (resync)
+    flushed_round: dict[str, int]
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.chat_id = str(self.scope["url_route"]["kwargs"]["chat_id"])
+        if not await self._allowed(ChatAction.VIEW):
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.flushed_round = {}
+        self.group = runs.chat_group(self.chat_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        runner.ensure_sweeper()
+
+    async def disconnect(self, code: int) -> None:
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    # --- frames from the page ---------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
+        raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
+        if len(raw.encode("utf-8")) > settings.LYCEUM_MAX_FRAME_BYTES:
+            await self.send(text_data=live.error_notice("That message is too large to send."))
+            return
+        try:
+            frame = json.loads(raw)
+        except ValueError:
+            await self.send(text_data=live.error_notice("The page sent something unreadable."))
+            return
+        if not isinstance(frame, dict):
+            await self.send(text_data=live.error_notice("The page sent something unreadable."))
+            return
+        action = str(frame.get("action") or "")
+        handler = getattr(self, f"do_{action}", None) if action.isidentifier() else None
+        if handler is None:
+            await self.send(text_data=live.error_notice(f"Unknown action “{action[:40]}”."))
+            return
+        needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
+        if not await self._allowed(needed):
+            await self.send(text_data=live.error_notice("You can no longer use this chat."))
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        try:
+            await handler(frame)
+        except runs.ActionError as exc:
+            await self.send(text_data=live.error_notice(exc.message))
+
+    async def _allowed(self, action: ChatAction) -> bool:
+        try:
+            await database_sync_to_async(access_chat)(self.scope["user"], self.chat_id, action)
+        except Http404:
+            return False
+        return True
+
+    async def do_resync(self, frame: dict[str, Any]) -> None:
+        try:
+            self.last_seq = max(0, int(frame.get("last_seq", 0)))
+        except (TypeError, ValueError):
+            self.last_seq = 0
+        await self._push_new_events()
+        await self._push_current_partial()
+
+    async def do_send(self, frame: dict[str, Any]) -> None:
+        user = self.scope["user"]
+        result = await database_sync_to_async(runs.send_message)(
+            user, self.chat_id, str(frame.get("message") or ""), str(frame.get("client_id") or "")
+        )
+        await self.send(text_data=live.composer_reset(self.chat_id))
+        await runner.dispatch(result.run_id)
+
+    async def do_cancel(self, frame: dict[str, Any]) -> None:
+        await database_sync_to_async(runs.cancel_run)(self.scope["user"], self.chat_id)
+
+    async def _decide(self, frame: dict[str, Any], *, approve: bool, always: bool = False):
+        result = await database_sync_to_async(runs.decide_approval)(
+            self.scope["user"],
+            self.chat_id,
+            str(frame.get("call_id") or ""),
+            approve=approve,
+            reason=str(frame.get("reason") or ""),
+            always=always,
+        )
+        await runner.dispatch(result.run_id, resume=True)
+
+    async def do_approve(self, frame: dict[str, Any]) -> None:
+        await self._decide(frame, approve=True)
+
+    async def do_always(self, frame: dict[str, Any]) -> None:
+        await self._decide(frame, approve=True, always=True)
+
+    async def do_deny(self, frame: dict[str, Any]) -> None:
+        await self._decide(frame, approve=False)
+
+    async def do_switch_model(self, frame: dict[str, Any]) -> None:
+        await database_sync_to_async(runs.switch_model)(
+            self.scope["user"], self.chat_id, str(frame.get("model") or "")
+        )
+
+    async def do_compact(self, frame: dict[str, Any]) -> None:
+        run_id = await database_sync_to_async(runs.request_compaction)(
+            self.scope["user"], self.chat_id
+        )
+        await runner.dispatch(run_id)
+
+    async def do_regenerate(self, frame: dict[str, Any]) -> None:
+        run_id = await database_sync_to_async(runs.regenerate)(self.scope["user"], self.chat_id)
+        await runner.dispatch(run_id)
+
+    async def do_edit_last(self, frame: dict[str, Any]) -> None:
+        result = await database_sync_to_async(runs.edit_last_message)(
+            self.scope["user"],
+            self.chat_id,
+            str(frame.get("message") or ""),
+            str(frame.get("client_id") or ""),
+        )
+        await runner.dispatch(result.run_id)
+
+    # --- pushes ------------------------------------------------------------------------
+
+    async def chat_events(self, event: dict[str, Any]) -> None:
+        """Doorbell: display events up to ``seq`` were written."""
+        if self.last_seq is None or int(event.get("seq", 0)) <= self.last_seq:
+            return
+        await self._push_new_events()
+
+    async def chat_stream(self, event: dict[str, Any]) -> None:
+        """A snapshot of the reply being streamed."""
+        if self.last_seq is None:
+            return
+        run_id = str(event.get("run_id"))
+        if int(event.get("round", 0)) <= self.flushed_round.get(run_id, -1):
+            return  # that reply was written already
+        await self.send(
+            text_data=live.stream_slot(run_id, event.get("text", ""), event.get("reasoning", ""))
+        )
+
+    async def _push_new_events(self) -> None:
+        read = database_sync_to_async(store.display_events_after)
+        while True:
+            events = await read(self.chat_id, self.last_seq, REPLAY_BATCH)
+            if not events:
+                return
+            for event in events:
+                extra = event.payload.get("extra") or {}
+                if event.kind == "msg" and "round" in extra:
+                    run_id = str(extra.get("run_id"))
+                    round_ = int(extra["round"])
+                    self.flushed_round[run_id] = max(self.flushed_round.get(run_id, -1), round_)
+            html = await database_sync_to_async(live.fragments_for_events)(events, self.chat_id)
+            self.last_seq = events[-1].seq
+            await self.send(text_data=html)
+            if len(events) < REPLAY_BATCH:
+                return
+
+    async def _push_current_partial(self) -> None:
+        """A page (re)connecting during a run gets the reply written so far."""
+        run = await Run.objects.filter(chat_id=self.chat_id, status__in=runs.LIVE).afirst()
+        if run is None:
+            return
+        await self.send(
+            text_data=live.stream_slot(str(run.pk), run.partial_text, run.partial_reasoning)
+            + live.controls(True, self.chat_id)
+        )

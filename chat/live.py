@@ -1,0 +1,140 @@
+"""HTML fragments pushed over the chat socket, swapped out of band by htmx's ws extension.
+
+Every frame is a handful of top-level elements: new items appended to
+``#messages``, small replacements of status elements by id, and a ``#seq-marker``
+carrying the display ``seq`` the page has now seen (the resync cursor).
+Rendering uses the same partials as the full page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.template.loader import render_to_string
+
+from chat import display
+from chat.providers import available_models
+from chat.rendering import render_markdown
+from chat.store import StoredEvent
+
+TERMINAL = {"complete", "cancelled", "error"}
+
+
+def _oob(template: str, **context: Any) -> str:
+    return render_to_string(template, {"oob": True, **context})
+
+
+def append_items(html: str) -> str:
+    return f'<div hx-swap-oob="beforeend:#messages">{html}</div>'
+
+
+def seq_marker(seq: int) -> str:
+    return f'<div id="seq-marker" data-seq="{int(seq)}" hx-swap-oob="true"></div>'
+
+
+def run_status(text: str) -> str:
+    return _oob("chat/_run_status.html", status_text=text)
+
+
+def controls(busy: bool, chat_id: str) -> str:
+    return _oob("chat/_controls.html", busy=busy, chat_id=chat_id)
+
+
+def stream_slot(run_id: str = "", text: str = "", reasoning: str = "") -> str:
+    return _oob(
+        "chat/_stream.html",
+        run_id=run_id,
+        text_html=render_markdown(text) if text else "",
+        reasoning=reasoning,
+    )
+
+
+def error_notice(message: str) -> str:
+    return _oob("chat/_notice.html", message=message)
+
+
+def composer_reset(chat_id: str) -> str:
+    return _oob("chat/_composer.html", chat_id=chat_id)
+
+
+def _status_for(event: StoredEvent) -> str | None:
+    p = event.payload
+    match event.kind:
+        case "run_start":
+            return "Thinking…"
+        case "iteration_start":
+            return f"Step {p.get('iteration')} of {p.get('max_iterations')}"
+        case "retrying":
+            return f"Retrying in {round(float(p.get('delay', 0)))} s: {p.get('message', '')}"
+        case "compacting":
+            return "Compacting the conversation…"
+        case "approval_required":
+            return "Waiting for your approval"
+        case "hand_start":
+            return f"Sub-agent {p.get('label', '')} is working…"
+        case "hand_end":
+            return "Thinking…"
+        case "tool_start":
+            return f"Running {p.get('name', 'a tool')}…"
+    return None
+
+
+def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
+    """What to push for display events just written (oldest first)."""
+    parts: list[str] = []
+    items_html: list[str] = []
+    status: str | None = None
+    busy: bool | None = None
+
+    def flush_items() -> None:
+        if items_html:
+            parts.append(append_items("".join(items_html)))
+            items_html.clear()
+
+    for event in events:
+        if (text := _status_for(event)) is not None:
+            status = text
+        if event.kind == "run_start":
+            busy = True
+        elif event.kind in TERMINAL:
+            status, busy = "", False
+        item = display.item_from_event(event)
+        if item is not None:
+            items_html.append(display.render_item(item))
+            if _is_main_reply(event) or event.kind in TERMINAL:
+                flush_items()
+                parts.append(stream_slot())
+            if event.kind == "model_switched":
+                parts.append(
+                    _oob(
+                        "chat/_model_picker.html",
+                        current=event.payload.get("model"),
+                        models=available_models(),
+                    )
+                )
+            continue
+        flush_items()
+        p = event.payload
+        if event.kind in display.CALL_EVENT_KINDS:
+            call = display.CallState(p.get("call_id", ""), p.get("name", ""), "")
+            call.apply(event.kind, p)
+            parts.append(_oob("chat/_call_status.html", call=call))
+            parts.append(_oob("chat/_call_approval.html", call=call, chat_id=chat_id))
+        elif event.kind == "input_taken":
+            seq = int(p.get("input_seq", 0))
+            parts.append(f'<span id="queued-{seq}" hx-swap-oob="true"></span>')
+        elif event.kind == "context_usage":
+            parts.append(_oob("chat/_gauge.html", usage=p))
+    flush_items()
+    if status is not None:
+        parts.append(run_status(status))
+    if busy is not None:
+        parts.append(controls(busy, chat_id))
+    if events:
+        parts.append(seq_marker(events[-1].seq))
+    return "".join(parts)
+
+
+def _is_main_reply(event: StoredEvent) -> bool:
+    p = event.payload
+    return p.get("role") == "assistant" and not p.get("sender_name")
