@@ -46,6 +46,8 @@ def authenticate_key(raw: str):
 
 def revoke_api_key(user, key_id) -> bool:
     """Revoke one of ``user``'s keys; False when there is no such active key."""
+    if not str(key_id).isdigit():
+        return False  # a forged form value, not a key id (would be a 500 otherwise)
     return bool(
         ApiKey.objects.filter(pk=key_id, user=user, revoked_at__isnull=True).update(
             revoked_at=timezone.now()

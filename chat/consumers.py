@@ -17,6 +17,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404
 
 from chat import live, runner, runs, store
@@ -75,7 +76,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         try:
             frame = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # deep nesting exhausts the parser's stack
             await self.send(text_data=live.error_notice("The page sent something unreadable."))
             return
         if not isinstance(frame, dict):
@@ -88,6 +89,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
             return
         needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
         if not await self._allowed(needed):
+            if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
+                # A watcher (say, a teacher) keeps the live view; only the write is refused.
+                await self.send(text_data=live.error_notice("You can only watch this chat."))
+                return
             await self.send(text_data=live.error_notice("You can no longer use this chat."))
             await self.close(code=CLOSE_FORBIDDEN)
             return
@@ -97,16 +102,23 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self.send(text_data=live.error_notice(exc.message))
 
     async def _allowed(self, action: ChatAction) -> bool:
+        return await database_sync_to_async(self._check_access)(action)
+
+    def _check_access(self, action: ChatAction) -> bool:
+        user = self.scope["user"]
         try:
-            await database_sync_to_async(access_chat)(self.scope["user"], self.chat_id, action)
-        except Http404:
+            # The scope's user was read once, at connect: a user deactivated (or deleted)
+            # since must not go on acting through a socket opened before.
+            user.refresh_from_db(fields=["is_active"])
+            access_chat(user, self.chat_id, action)
+        except (Http404, ObjectDoesNotExist):
             return False
         return True
 
     async def do_resync(self, frame: dict[str, Any]) -> None:
         try:
             self.last_seq = max(0, int(frame.get("last_seq", 0)))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: 1e999 parses as inf
             self.last_seq = 0
         await self._push_new_events()
         await self._push_current_partial()
@@ -121,6 +133,8 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def do_cancel(self, frame: dict[str, Any]) -> None:
         await database_sync_to_async(runs.cancel_run)(self.scope["user"], self.chat_id)
+        # A waiting run ends right here: start what was queued behind it.
+        await runner.start_next_run(self.chat_id)
 
     async def _decide(self, frame: dict[str, Any], *, approve: bool, always: bool = False):
         result = await database_sync_to_async(runs.decide_approval)(
@@ -208,7 +222,16 @@ class ChatConsumer(AsyncWebsocketConsumer):
         run = await Run.objects.filter(chat_id=self.chat_id, status__in=runs.LIVE).afirst()
         if run is None:
             return
+        if run.status == Run.Status.WAITING:
+            # Nothing is being written while the run waits for the user's approval:
+            # an empty slot, not a typing indicator (as the live page shows it).
+            await self.send(text_data=live.stream_slot() + live.controls(True, self.chat_id))
+            return
+        text, reasoning = runner.local_partial(str(run.pk)) or (
+            run.partial_text,
+            run.partial_reasoning,
+        )
         await self.send(
-            text_data=live.stream_slot(str(run.pk), run.partial_text, run.partial_reasoning)
+            text_data=live.stream_slot(str(run.pk), text, reasoning)
             + live.controls(True, self.chat_id)
         )

@@ -8,6 +8,8 @@ Rendering uses the same partials as the full page.
 
 from __future__ import annotations
 
+from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any
 
 from django.template.loader import render_to_string
@@ -40,7 +42,10 @@ def controls(busy: bool, chat_id: str) -> str:
     return _oob("chat/_controls.html", busy=busy, chat_id=chat_id)
 
 
+@lru_cache(maxsize=128)
 def stream_slot(run_id: str = "", text: str = "", reasoning: str = "") -> str:
+    # Cached: every subscriber of a chat (a second tab, a teacher watching) gets the same
+    # snapshot from the group; the markdown is rendered and sanitised once, not per socket.
     return _oob(
         "chat/_stream.html",
         run_id=run_id,
@@ -51,6 +56,14 @@ def stream_slot(run_id: str = "", text: str = "", reasoning: str = "") -> str:
 
 def error_notice(message: str) -> str:
     return _oob("chat/_notice.html", message=message)
+
+
+def title(chat_id: str, text: str) -> str:
+    """The chat's title in the header and in the sidebar list."""
+    chat = SimpleNamespace(pk=chat_id, title=text, display_title=text or "New chat")
+    return _oob("chat/_title.html", chat=chat, can_write=True) + _oob(
+        "chat/_chat_link.html", c=chat
+    )
 
 
 def composer_reset(chat_id: str) -> str:
@@ -119,12 +132,17 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             call = display.CallState(p.get("call_id", ""), p.get("name", ""), "")
             call.apply(event.kind, p)
             parts.append(_oob("chat/_call_status.html", call=call))
-            parts.append(_oob("chat/_call_approval.html", call=call, chat_id=chat_id))
+            if event.kind in ("approval_required", "approval_decided"):
+                # Only approval events change the approval box; a later tool_start must
+                # not blank the decision shown (a loaded page keeps it too).
+                parts.append(_oob("chat/_call_approval.html", call=call, chat_id=chat_id))
         elif event.kind == "input_taken":
             seq = int(p.get("input_seq", 0))
             parts.append(f'<span id="queued-{seq}" hx-swap-oob="true"></span>')
         elif event.kind == "context_usage":
             parts.append(_oob("chat/_gauge.html", usage=p))
+        elif event.kind == "title":
+            parts.append(title(chat_id, p.get("title", "")))
     flush_items()
     if status is not None:
         parts.append(run_status(status))

@@ -32,7 +32,7 @@ from chat.agent.tools import ToolRegistry, default_registry
 from chat.agent.workspace import Workspace
 from chat.core.messages import ChatMessage
 from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError, Usage
-from chat.models import ChatSession, ChatToolGrant, Run
+from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chat.providers import ResolvedModel, UnknownModel, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ STALE_AFTER = timedelta(seconds=15)  # the default of settings.LYCEUM_RUN_STALE_
 SWEEP_INTERVAL = 5.0
 
 _tasks: dict[str, asyncio.Task] = {}
+_hosts: dict[str, runs.DjangoRunHost] = {}  # runs executing in this process
 _sweeper: asyncio.Task | None = None
 
 
@@ -82,6 +83,12 @@ def _background(coro) -> asyncio.Task:
     return asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
 
 
+def local_partial(run_id: str) -> tuple[str, str] | None:
+    """The reply being streamed, when this process runs it (fresher than the checkpoint)."""
+    host = _hosts.get(str(run_id))
+    return host.partial if host else None
+
+
 def local_task(run_id: str) -> asyncio.Task | None:
     return _tasks.get(str(run_id))
 
@@ -113,6 +120,35 @@ async def sweep_once() -> None:
     for run_id in await database_sync_to_async(runs.expire_approvals)():
         await dispatch(run_id, resume=True)
     await database_sync_to_async(recover_stale_runs)()
+    for run_id in await database_sync_to_async(start_stranded_runs)():
+        await dispatch(run_id)
+
+
+def start_stranded_runs() -> list[str]:
+    """Start runs for messages queued behind a run that ended without starting the next.
+
+    A waiting run cancelled by the user ends outside any task, so nothing calls
+    ``_start_next`` for it. Inputs already given to a run (``run`` set) are that
+    run's, answered or not, and never start another.
+    """
+    chat_ids = set(
+        QueuedInput.objects.filter(consumed=False, run__isnull=True)
+        .exclude(chat__runs__status__in=runs.LIVE)
+        .values_list("chat_id", flat=True)
+    )
+    started = []
+    for chat in ChatSession.objects.filter(pk__in=chat_ids):
+        run_id = runs.start_run_if_idle(chat)
+        if run_id:
+            started.append(run_id)
+    return started
+
+
+async def start_next_run(chat_id) -> None:
+    """After a cancel: start the run for messages queued behind a cancelled waiting run."""
+    chat = await ChatSession.objects.filter(pk=chat_id).afirst()
+    if chat is not None:
+        await _start_next(chat)
 
 
 # --- preparing a run -------------------------------------------------------------------------
@@ -182,6 +218,7 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     if prepared is None:
         return
     host = runs.DjangoRunHost(prepared.run, prepared.context)
+    _hosts[run_id] = host
     host.grants = prepared.grants
     # One main assistant message per iteration, so a resumed leg's stream rounds
     # continue after the earlier leg's.
@@ -225,8 +262,10 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
         if asyncio.current_task().cancelling():
             body.cancel()
             raise  # the process is shutting down; recovery marks the run interrupted
-        reason = watcher.result() if watcher.done() else "cancel"
-        await _end(host, loop, "cancelled" if reason == "cancel" else "guard")
+        # Only the watcher cancels the body; wait for its answer, since it may still be
+        # leaving its group (a Redis round trip) when the body's cancellation lands here.
+        reason = await _watcher_reason(watcher)
+        await _end(host, loop, "guard" if reason == "guard" else "cancelled")
     except ProviderError as exc:
         await _end(host, loop, "failed", exc.category, exc.message)
     except Exception:
@@ -235,13 +274,16 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     else:
         if outcome.status == "completed":
             await _end(host, loop, "completed")
+        else:
+            await database_sync_to_async(cancel_if_requested)(run_id)
     finally:
         watcher.cancel()
+        _hosts.pop(run_id, None)
     await _start_next(prepared.chat)
 
 
 async def _compact_only(loop: AgentLoop) -> LoopOutcome:
-    """"Compact now": the same compaction path as automatic, outside a reply."""
+    """ "Compact now": the same compaction path as automatic, outside a reply."""
     if not await loop.compact_now():
         raise ProviderError(
             ErrorCategory.PROVIDER_ERROR, "The conversation could not be compacted right now."
@@ -269,7 +311,10 @@ async def _watch(run_id: str, body: asyncio.Task) -> str:
             if now - started > settings.LYCEUM_RUN_GUARD_SECONDS:
                 body.cancel()
                 return "guard"
-            if now - last_db_check >= WATCH_INTERVAL:
+            # The database is the fallback for a lost cancel doorbell: read it only with
+            # the heartbeat (one statement per run every 2 s, not two a second; with 100
+            # runs the polling alone kept the process's one database thread busy).
+            if now - last_db_check >= HEARTBEAT_INTERVAL:
                 last_db_check = now
                 beat = now - last_beat >= HEARTBEAT_INTERVAL
                 if beat:
@@ -282,10 +327,24 @@ async def _watch(run_id: str, body: asyncio.Task) -> str:
         await layer.group_discard(group, channel)
 
 
+async def _watcher_reason(watcher: asyncio.Task) -> str:
+    try:
+        return await watcher
+    except Exception:  # noqa: BLE001 - a broken doorbell still ends the run as cancelled
+        logger.warning("run watcher failed", exc_info=True)
+        return "cancel"
+
+
 def _check_in(run_id: str, beat: bool) -> bool:
     """Write a heartbeat when due; True when cancel was requested."""
     if beat:
-        Run.objects.filter(pk=run_id).update(heartbeat_at=timezone.now())
+        # One statement in the usual case: no heartbeat written means a cancel (or a
+        # vanished row), which the query below tells apart.
+        beaten = Run.objects.filter(pk=run_id, cancel_requested=False).update(
+            heartbeat_at=timezone.now()
+        )
+        if beaten:
+            return False
     return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
 
 
@@ -332,6 +391,16 @@ def finish_run(host, status: str, event: ev.RunEvent, partial, usage) -> bool:
         )
         if not updated:
             return False
+        # A run that ended before taking the message that started it (an early cancel)
+        # must not leave it for _start_next to answer in a new run.
+        QueuedInput.objects.filter(run=run.pk, consumed=False).update(consumed=True)
+        # A run cancelled while it stored its approval request ends with it pending:
+        # close it, so nobody can answer (or expire) it after the terminal event.
+        ToolApproval.objects.filter(run=run.pk, status=ToolApproval.Status.PENDING).update(
+            status=ToolApproval.Status.DENIED,
+            reason="The reply ended before an answer.",
+            decided_at=timezone.now(),
+        )
         if partial is not None:
             host.channels.push_both(partial)
         store.append_display_messages(run.chat_id, host.take_new_display())
@@ -339,6 +408,22 @@ def finish_run(host, status: str, event: ev.RunEvent, partial, usage) -> bool:
         rows = store.append_display(run.chat_id, [runs._stamp(event, run)])
         runs.ring(run.chat_id, runs.events_doorbell(rows[-1].seq))
     return True
+
+
+def cancel_if_requested(run_id: str) -> None:
+    """A cancel that arrived while the run was suspending ends it now.
+
+    The watcher only sees cancels while the run executes; without this the cancel
+    would be lost and the run would wait for an approval the user no longer wants.
+    """
+    with transaction.atomic():
+        run = (
+            Run.objects.select_for_update()
+            .filter(pk=run_id, status=Run.Status.WAITING, cancel_requested=True)
+            .first()
+        )
+        if run is not None:
+            runs._finish_waiting_run_cancelled(run)
 
 
 def finish_failed_early(run_id: str, message: str) -> None:

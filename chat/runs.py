@@ -8,6 +8,7 @@ module's :class:`DjangoRunHost` is how a running loop persists and publishes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 32_000
 TITLE_CHARS = 50
 LIVE = [Run.Status.RUNNING, Run.Status.WAITING]
+DISPATCH_GRACE = timedelta(seconds=45)
 
 
 class ActionError(Exception):
@@ -85,6 +87,15 @@ async def aring(chat_id, message: dict[str, Any]) -> None:
 
 def events_doorbell(last_seq: int) -> dict[str, Any]:
     return {"type": "chat.events", "seq": last_seq}
+
+
+def dispatch_deadline():
+    """A heartbeat far enough ahead to cover the trip to a worker.
+
+    A run is handed over the channel layer (whose messages expire after 30 s); until a
+    process starts it and beats itself, this keeps the sweeper from calling it dead.
+    """
+    return timezone.now() + DISPATCH_GRACE
 
 
 # --- default agent and chat creation -------------------------------------------------------
@@ -171,11 +182,18 @@ def _record_send(
     entry.display_seq = row.seq
     entry.save(update_fields=["display_seq"])
     if not chat.title:
-        ChatSession.objects.filter(pk=chat.pk).update(title=text.splitlines()[0][:TITLE_CHARS])
+        _set_title(chat, text.splitlines()[0][:TITLE_CHARS])
     run_id = None
     if live is None:
-        run = Run.objects.create(chat=chat, model=chat.model or default_model(), thinking=thinking)
+        run = Run.objects.create(
+            chat=chat,
+            model=chat.model or default_model(),
+            thinking=thinking,
+            heartbeat_at=dispatch_deadline(),
+        )
         run_id = str(run.pk)
+        # The message belongs to the run it started, even if the run ends before taking it.
+        QueuedInput.objects.filter(pk=entry.pk).update(run=run)
     ring(chat.pk, events_doorbell(row.seq))
     return SendResult(entry.pk, row.seq, run_id, False, live is not None)
 
@@ -189,9 +207,12 @@ def start_run_if_idle(chat: ChatSession) -> str | None:
             return None
         try:
             with transaction.atomic():
-                run = Run.objects.create(chat=chat, model=chat.model or default_model())
+                run = Run.objects.create(
+                    chat=chat, model=chat.model or default_model(), heartbeat_at=dispatch_deadline()
+                )
         except IntegrityError:
             return None
+        QueuedInput.objects.filter(chat=chat, consumed=False).update(run=run)
     return str(run.pk)
 
 
@@ -199,7 +220,9 @@ def _new_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY) -> Run:
     """A run for ``chat`` if none is live (call inside a transaction)."""
     if Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).exists():
         raise ActionError("Wait for the current reply to finish.", "busy")
-    return Run.objects.create(chat=chat, model=chat.model or default_model(), kind=kind)
+    return Run.objects.create(
+        chat=chat, model=chat.model or default_model(), kind=kind, heartbeat_at=dispatch_deadline()
+    )
 
 
 def _last_user_index(context: list[ChatMessage]) -> int:
@@ -346,7 +369,7 @@ def _record_decision(approval: ToolApproval) -> str | None:
     if still_pending:
         return None
     updated = Run.objects.filter(pk=approval.run_id, status=Run.Status.WAITING).update(
-        status=Run.Status.RUNNING
+        status=Run.Status.RUNNING, heartbeat_at=dispatch_deadline()
     )
     return str(approval.run_id) if updated else None
 
@@ -412,8 +435,16 @@ def rename_chat(user, chat_id, title: str) -> str:
     title = " ".join((title or "").split())[:200]
     if not title:
         raise ActionError("A chat needs a title.", "empty")
-    ChatSession.objects.filter(pk=chat.pk).update(title=title)
+    with transaction.atomic():
+        _set_title(chat, title)
     return title
+
+
+def _set_title(chat: ChatSession, title: str) -> None:
+    """Store the title and tell every open page of the chat (inside a transaction)."""
+    ChatSession.objects.filter(pk=chat.pk).update(title=title)
+    rows = store.append_display(chat.pk, [{"type": "title", "title": title}])
+    ring(chat.pk, events_doorbell(rows[-1].seq))
 
 
 # --- the run host -----------------------------------------------------------------------------
@@ -442,6 +473,7 @@ class DjangoRunHost:
         self.grants: set[str] = set()
         self.agent_prompt = ""
         self.partial = ("", "")
+        self._checkpointing: asyncio.Task | None = None
 
     # RunHost protocol ------------------------------------------------------------------
 
@@ -472,6 +504,7 @@ class DjangoRunHost:
             if message.role == "assistant" and not message.sender_name:
                 message.extra["round"] = self.round
                 self.round += 1
+                self.partial = ("", "")  # written: a reconnecting page must not see it twice
         return new_display
 
     async def commit(self) -> None:
@@ -485,6 +518,9 @@ class DjangoRunHost:
             self.persisted = store.persist_context(
                 self.chat_id, self.channels.context, self.persisted
             )
+            if any("round" in m.extra for m in new_display):
+                # The streamed reply is now a message: the checkpoint starts over.
+                Run.objects.filter(pk=self.run.pk).update(partial_text="", partial_reasoning="")
         return rows[-1].seq if rows else 0
 
     async def stream_update(self, text: str, reasoning: str) -> None:
@@ -492,7 +528,10 @@ class DjangoRunHost:
         now = time.monotonic()
         if now - self.last_checkpoint >= settings.LYCEUM_CHECKPOINT_INTERVAL:
             self.last_checkpoint = now
-            await database_sync_to_async(self.checkpoint)()
+            # In the background: the stream must not wait for the database (all DB calls
+            # of a process share one thread; a busy one stalled every stream each second).
+            if self._checkpointing is None or self._checkpointing.done():
+                self._checkpointing = asyncio.create_task(self._checkpoint_quietly())
         if now - self.last_push >= settings.LYCEUM_STREAM_PUSH_INTERVAL:
             self.last_push = now
             await self.push_stream()
@@ -511,9 +550,17 @@ class DjangoRunHost:
             },
         )
 
+    async def _checkpoint_quietly(self) -> None:
+        try:
+            await database_sync_to_async(self.checkpoint)()
+        except Exception:  # noqa: BLE001 - a missed checkpoint only loses crash-recovery text
+            logger.warning("checkpoint of run %s failed", self.run.pk, exc_info=True)
+
     def checkpoint(self) -> None:
         text, reasoning = self.partial
-        Run.objects.filter(pk=self.run.pk).update(
+        # Only while running: a late background checkpoint must not refill a run that
+        # has ended or is waiting for approval.
+        Run.objects.filter(pk=self.run.pk, status=Run.Status.RUNNING).update(
             partial_text=text, partial_reasoning=reasoning, checkpoint_at=timezone.now()
         )
 

@@ -116,12 +116,16 @@ REDIS_URL = env_str("REDIS_URL")
 # Key prefix of the Redis channel layer: deployments (or test runs) sharing one Redis
 # database keep their channels and groups apart with distinct prefixes.
 LYCEUM_REDIS_PREFIX = env_str("LYCEUM_REDIS_PREFIX", "asgi") or "asgi"
+REDIS_SOCKET_TIMEOUT = 30.0
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                # channels_redis blocks 5 s per BZPOPMIN; redis-py >= 8 times reads out after
+                # 5 s by default, which races it and kills idle receive loops (a runworker
+                # exits). Reads must be allowed to outlast the blocking pop.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
                 "capacity": 1500,
                 "expiry": 30,
                 "prefix": LYCEUM_REDIS_PREFIX,

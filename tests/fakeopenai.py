@@ -20,6 +20,13 @@ and a client disconnect is unambiguous (see :meth:`FakeOpenAI.wait_for_disconnec
 Run standalone (for benchmarks and manual tests)::
 
     python -m tests.fakeopenai --port 0 --tokens 2000   # prints "READY <port>"
+    python -m tests.fakeopenai --port 0 --tokens 300 --tokens-per-second 30 --stamp \
+        --record replies.jsonl   # paced, send-time-stamped tokens; each reply logged
+
+With ``Script.stamp_tokens`` every ``{t}`` in a text token becomes the Unix time (in
+microseconds) at which that chunk is written, so a client can measure each token's
+latency. Every finished streamed reply is kept in :attr:`FakeOpenAI.replies` (the last
+user message and the exact text sent).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import contextlib
 import json
 import random
 import re
+import signal
 import socket
 import sys
 import threading
@@ -94,6 +102,7 @@ class Script:
     split: int | None = None  # write in random pieces of 1..split bytes (splits lines, UTF-8)
     split_seed: int = 0
     coalesce: bool = False  # build the whole body and write it at once (benchmarks)
+    stamp_tokens: bool = False  # "{t}" in a text token -> its send time (Unix epoch, µs)
 
     def text_tokens(self) -> list[str]:
         if self.tokens is not None:
@@ -133,6 +142,24 @@ class RecordedRequest:
     json: Any
     received_at: float
 
+    def last_user_text(self) -> str:
+        """The content of the last user message of a chat request ("" if none)."""
+        body = self.json if isinstance(self.json, dict) else {}
+        for message in reversed(body.get("messages") or []):
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                return content if isinstance(content, str) else json.dumps(content)
+        return ""
+
+
+@dataclass
+class SentReply:
+    """A streamed reply that was sent to the end: what was asked and the exact text sent."""
+
+    prompt: str  # the last user message of the request
+    text: str  # the content tokens as written (stamps filled in)
+    finished_at: float  # Unix time
+
 
 class _ResponseOver(Exception):
     """Stop answering: the client left, or a scripted fault ended the response."""
@@ -165,6 +192,8 @@ class FakeOpenAI:
         self.requests: list[RecordedRequest] = []
         self.disconnects: list[float] = []  # monotonic times of early client disconnects
         self.responses_started = 0
+        self.replies: list[SentReply] = []  # finished streamed replies, in finishing order
+        self.on_reply: Callable[[SentReply], None] | None = None  # called in the server thread
         self._queue: deque[Script] = deque()
         self._factory: ScriptFactory | None = None
         self._lock = threading.Lock()
@@ -290,6 +319,11 @@ class FakeOpenAI:
             conn.gone.set()
             self.disconnects.append(time.monotonic())
 
+    def _record_reply(self, reply: SentReply) -> None:
+        self.replies.append(reply)
+        if self.on_reply is not None:
+            self.on_reply(reply)
+
     def _next_script(self, request: RecordedRequest) -> Script:
         with self._lock:
             if self._queue:
@@ -307,7 +341,12 @@ class FakeOpenAI:
             await _send_json(conn, 200, {"object": "list", "data": data})
         elif request.method == "POST" and path.endswith("/chat/completions"):
             self.responses_started += 1
-            await _Responder(conn, request, self._next_script(request)).run()
+            responder = _Responder(conn, request, self._next_script(request))
+            await responder.run()
+            if responder.stream and responder.completed:
+                self._record_reply(
+                    SentReply(request.last_user_text(), responder.sent_text, time.time())
+                )
         else:
             await _send_json(conn, 404, {"error": {"message": f"no route {path}"}})
 
@@ -396,6 +435,12 @@ class _Responder:
         self.pending: list[bytes] = []  # coalesce mode collects the body here
         self.content_sent = 0
         self.faulted = False
+        self.text_parts: list[str] = []  # text tokens as written (stamps filled in)
+        self.completed = False  # the body was sent to its end
+
+    @property
+    def sent_text(self) -> str:
+        return "".join(self.text_parts)
 
     async def pause(self, seconds: float) -> None:
         if seconds <= 0:
@@ -439,7 +484,7 @@ class _Responder:
         for piece in script.reasoning_pieces():
             await self.content({script.reasoning_field: piece})
         for piece in script.text_tokens():
-            await self.content({"content": piece})
+            await self.text(piece)
         for fragment in self.tool_fragments():
             await self.content({"tool_calls": [fragment]})
         if await self.fault():  # faults scheduled after every content chunk
@@ -458,6 +503,7 @@ class _Responder:
         await self.flush()
         self.conn.finished = True
         await self.raw(b"0\r\n\r\n")
+        self.completed = True
 
     async def content(self, delta: dict[str, Any]) -> None:
         if await self.fault():
@@ -465,6 +511,18 @@ class _Responder:
         if self.content_sent:
             await self.pause(self.script.token_delay)
         await self.event(delta)
+        self.content_sent += 1
+
+    async def text(self, piece: str) -> None:
+        """A text chunk; stamped (``{t}`` -> now in µs) only once its pause is over."""
+        if await self.fault():
+            raise _ResponseOver
+        if self.content_sent:
+            await self.pause(self.script.token_delay)
+        if self.script.stamp_tokens:
+            piece = piece.replace("{t}", str(time.time_ns() // 1000))
+        await self.event({"content": piece})
+        self.text_parts.append(piece)
         self.content_sent += 1
 
     async def fault(self) -> bool:
@@ -637,11 +695,23 @@ def fake_openai() -> Iterator[FakeOpenAI]:
         yield server
 
 
-def bench_script(tokens: int, token_delay: float = 0.0, coalesce: bool = True) -> Script:
-    """A long plain-text reply, e.g. for benchmarks: ``tokens`` chunks of ``"tok<i> "``."""
-    return Script(
-        tokens=[f"tok{i} " for i in range(tokens)], token_delay=token_delay, coalesce=coalesce
-    )
+STAMPED_TOKEN = "w{i}t{{t}} "  # "w<index>t<send time µs> " once sent; see STAMPED_TOKEN_RE
+STAMPED_TOKEN_RE = re.compile(r"w(\d+)t(\d{16})")
+
+
+def bench_script(
+    tokens: int, token_delay: float = 0.0, coalesce: bool = True, stamp: bool = False
+) -> Script:
+    """A long plain-text reply, e.g. for benchmarks: ``tokens`` chunks of ``"tok<i> "``.
+
+    With ``stamp`` the chunks are ``"w<i>t<send time in µs> "`` instead (match them with
+    :data:`STAMPED_TOKEN_RE`), so a client can tell when each one left the server.
+    """
+    if stamp:
+        pieces = [STAMPED_TOKEN.format(i=i) for i in range(tokens)]
+    else:
+        pieces = [f"tok{i} " for i in range(tokens)]
+    return Script(tokens=pieces, token_delay=token_delay, coalesce=coalesce, stamp_tokens=stamp)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -650,17 +720,46 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=20, help="tokens in the default reply")
     parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument(
+        "--tokens-per-second",
+        type=float,
+        default=0.0,
+        help="pace the reply (sets --token-delay to 1/N and writes one chunk per token)",
+    )
     parser.add_argument("--no-coalesce", action="store_true", help="one write per token")
+    parser.add_argument(
+        "--stamp", action="store_true", help='tokens "w<i>t<send time µs> " (latency probes)'
+    )
+    parser.add_argument(
+        "--record", metavar="FILE", help="append each finished reply to FILE as a JSON line"
+    )
     args = parser.parse_args(argv)
-    default = bench_script(args.tokens, args.token_delay, coalesce=not args.no_coalesce)
-    server = FakeOpenAI(host=args.host, port=args.port, default=default).start()
+    token_delay, coalesce = args.token_delay, not args.no_coalesce
+    if args.tokens_per_second > 0:
+        token_delay, coalesce = 1.0 / args.tokens_per_second, False
+    default = bench_script(args.tokens, token_delay, coalesce=coalesce, stamp=args.stamp)
+    server = FakeOpenAI(host=args.host, port=args.port, default=default)
+    record = open(args.record, "a", encoding="utf-8") if args.record else None  # noqa: SIM115
+    if record is not None:
+        server.on_reply = lambda reply: _write_reply(record, reply)
+    server.start()
     print(f"READY {server.port}", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        threading.Event().wait()
+        stop.wait()
     except KeyboardInterrupt:
         pass
     finally:
         server.stop()
+        if record is not None:
+            record.close()
+
+
+def _write_reply(record: Any, reply: SentReply) -> None:
+    line = {"prompt": reply.prompt, "text": reply.text, "finished_at": reply.finished_at}
+    record.write(json.dumps(line, ensure_ascii=False) + "\n")
+    record.flush()
 
 
 if __name__ == "__main__":

@@ -15,14 +15,16 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.contrib.auth.decorators import login_not_required
+from django.core.exceptions import RequestDataTooBig, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from chat import runner, runs
 from chat.access import ChatAction, access_chat
+from chat.agent.events import TERMINAL_TYPES
 from chat.apikeys import authenticate_key
 from chat.follow import RunFollower, follow_run
-from chat.models import Agent, Run, ToolApproval
+from chat.models import Agent, ChatEvent, Run, ToolApproval
 
 MAX_BODY_BYTES = 256 * 1024
 STATUS_BY_CODE = {"not_found": 404, "busy": 409, "unknown_model": 400, "no_agent": 503}
@@ -50,7 +52,9 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
         @wraps(view)
         async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if request.method not in methods:
-                return error_response(405, "method_not_allowed", f"Use {', '.join(methods)}.")
+                response = error_response(405, "method_not_allowed", f"Use {', '.join(methods)}.")
+                response["Allow"] = ", ".join(methods)  # required on a 405 (RFC 9110)
+                return response
             header = request.headers.get("Authorization", "")
             scheme, _, raw = header.partition(" ")
             user = None
@@ -82,10 +86,16 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
 
 
 def read_json(request: HttpRequest) -> dict[str, Any]:
-    if len(request.body) > MAX_BODY_BYTES:
-        raise ApiError(413, "invalid_request_error", "The request body is too large.")
+    too_large = ApiError(413, "invalid_request_error", "The request body is too large.")
     try:
-        data = json.loads(request.body or b"{}")
+        body = request.body
+    except RequestDataTooBig:
+        # Past DATA_UPLOAD_MAX_MEMORY_SIZE Django refuses to read it (an HTML 400 otherwise).
+        raise too_large from None
+    if len(body) > MAX_BODY_BYTES:
+        raise too_large
+    try:
+        data = json.loads(body or b"{}")
     except (ValueError, UnicodeDecodeError):
         raise ApiError(400, "invalid_request_error", "The body must be JSON.") from None
     if not isinstance(data, dict):
@@ -94,8 +104,10 @@ def read_json(request: HttpRequest) -> dict[str, Any]:
 
 
 def _field(data: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
-    value = data.get(name, default)
-    if value is not None and not isinstance(value, kind):
+    value = data.get(name)
+    if value is None:  # JSON null means "not given", not a value to store
+        return default
+    if not isinstance(value, kind):
         raise ApiError(400, "invalid_request_error", f"'{name}' must be a {kind.__name__}.")
     return value
 
@@ -237,16 +249,18 @@ async def chat_stream(request: HttpRequest) -> HttpResponse:
 
 
 @api_view()
-async def cancel(request: HttpRequest, session_id: uuid.UUID) -> HttpResponse:
+async def cancel(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /api/v1/chat/<session_id>/cancel``: idempotent."""
     run_id = await database_sync_to_async(runs.cancel_run)(request.api_user, session_id)
+    # A cancelled waiting run ends here, not in a task: start what was queued behind it.
+    await runner.start_next_run(session_id)
     return JsonResponse(
         {"session_id": str(session_id), "run_id": run_id, "cancelled": run_id is not None}
     )
 
 
 @api_view()
-async def approval(request: HttpRequest, session_id: uuid.UUID, call_id: str) -> HttpResponse:
+async def approval(request: HttpRequest, session_id: str, call_id: str) -> HttpResponse:
     """``POST /api/v1/chat/<session_id>/approvals/<call_id>``: approve or deny one call."""
     data = read_json(request)
     decision = _field(data, "decision", str)
@@ -271,3 +285,42 @@ async def approval(request: HttpRequest, session_id: uuid.UUID, call_id: str) ->
     return JsonResponse(
         {"session_id": str(session_id), "call_id": call_id, "status": result.status}
     )
+
+
+@api_view(methods=("GET",))
+async def run_status(request: HttpRequest, session_id: str, run_id: str) -> HttpResponse:
+    """``GET /api/v1/chat/<session_id>/runs/<run_id>``: where a run stands, and its reply.
+
+    For JSON clients that got a 202: after answering the approvals, poll this.
+    """
+    body = await database_sync_to_async(_run_summary)(request.api_user, session_id, run_id)
+    return JsonResponse(body)
+
+
+def _run_summary(user, session_id: str, run_id: str) -> dict[str, Any]:
+    chat = access_chat(user, session_id, ChatAction.VIEW)
+    try:
+        run = Run.objects.get(pk=run_id, chat=chat)
+    except (Run.DoesNotExist, ValueError, ValidationError):
+        raise ApiError(404, "not_found", "No such run in this session.") from None
+    terminal = (
+        ChatEvent.objects.filter(
+            chat=chat,
+            channel="display",
+            kind__in=sorted(TERMINAL_TYPES),
+            payload__run_id=str(run.pk),
+        )
+        .values_list("payload", flat=True)
+        .first()
+    )
+    body: dict[str, Any] = {"session_id": str(chat.pk), "run_id": str(run.pk), "status": run.status}
+    if run.status == Run.Status.WAITING:
+        body["approvals"] = _pending_approvals(str(run.pk)) or []
+    if terminal and terminal["type"] == "complete":
+        body["reply"] = terminal["text"]
+        body["usage"] = _usage(terminal)
+    elif terminal:
+        body["partial_text"] = terminal.get("partial_text", "")
+        if terminal["type"] == "error":
+            body["error"] = {"type": terminal["category"], "message": terminal["message"]}
+    return body
