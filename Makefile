@@ -48,7 +48,11 @@ format: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format .
 
 bench: $(VENV)/.installed-dev
-	$(PY) bench/run_all.py
+	$(PY) bench/bench_select.py
+	$(PY) bench/bench_provider.py
+	$(PY) bench/bench_loop.py
+	$(PY) bench/bench_longchat.py
+	$(PY) bench/bench_streams.py
 
 clean:
 	rm -rf $(VENV) staticfiles db.sqlite3* test_db*.sqlite3*

@@ -183,6 +183,7 @@ class AgentLoop:
         self.round = _Round()
         self.final_text = ""
         self._pending_queue: list[QueuedText] | None = None
+        self._auto_compacted = False
 
     # --- public entry points ---------------------------------------------------------
 
@@ -292,8 +293,8 @@ class AgentLoop:
         # not of the whole window: on small windows the output reserve is a quarter of it,
         # and a list at 80 % of the window would overflow the request before compacting.
         threshold = int(self.window.max_tokens * self.config.compact_ratio)
-        if not compact.needs_auto_compact(self.messages, threshold):
-            return
+        if self._auto_compacted or not compact.needs_auto_compact(self.messages, threshold):
+            return  # once per run: a summary still over the threshold would loop
         pre = await self._hook(
             HookEvent.PRE_AUTO_COMPACT, messages=self.messages, system_prompt=None
         )
@@ -323,7 +324,9 @@ class AgentLoop:
         except ProviderError as exc:
             logger.warning("compaction failed, continuing uncompacted: %s", exc)
             return False
-        new_messages = result.new_messages
+        # The kept user messages come from the channel, not the request list: there,
+        # mid-run messages carry the "[User appended]" prefix and hooks' injections.
+        new_messages = compact.compacted_context(self.host.channels.context, result.summary)
         post = await self._hook(HookEvent.POST_AUTO_COMPACT, messages=new_messages)
         if post and post.messages is not None:
             new_messages = list(post.messages)
@@ -333,6 +336,7 @@ class AgentLoop:
         await self.host.emit(
             ev.Compacted(messages_before=result.messages_before, summary=result.summary)
         )
+        self._auto_compacted = True
         return True
 
     # --- one request -------------------------------------------------------------------

@@ -1092,3 +1092,25 @@ async def test_the_fake_provider_records_copies_of_what_was_sent() -> None:
     assert provider.requests[0].messages == [user("a")]
     with pytest.raises(ScriptExhausted):
         await provider.complete(ChatRequest(model="m", messages=messages))
+
+
+async def test_compaction_keeps_a_mid_run_message_as_the_user_wrote_it(root: Path) -> None:
+    host = MemoryHost()
+    host.send("add 1+1")
+    big = "please also consider this " + "x" * 6000
+    provider = ScriptedProvider(
+        [
+            [lambda: host.send(big), *tool_reply(call("calculator", {"expression": "1+1"}))],
+            [end("SUMMARY")],
+            text_reply("done"),
+        ]
+    )
+
+    await make_loop(host, provider, root, context_window=SMALL_WINDOW).run()
+
+    # The model saw the appended message marked as such, before compaction...
+    assert [kind for kind, _ in provider.calls] == ["stream", "complete", "stream"]
+    [restored] = host.restores
+    kept = [m.content for m in restored if m.role == Role.USER]
+    # ...but the stored context keeps what the user wrote, unprefixed.
+    assert kept == ["add 1+1", big]
