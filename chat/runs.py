@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from chat import store
+from chat import agents, store
 from chat.access import ChatAction, access_chat
 from chat.agent import events as ev
 from chat.agent.loop import Decision, QueuedText
@@ -101,15 +101,8 @@ def dispatch_deadline():
 # --- default agent and chat creation -------------------------------------------------------
 
 
-def default_agent() -> Agent:
-    agent = Agent.objects.filter(is_default=True).first() or Agent.objects.first()
-    if agent is None:
-        raise ActionError("No agent is configured. An admin must create one.", "no_agent")
-    return agent
-
-
 def new_chat(user, *, agent: Agent | None = None, model: str = "", title: str = "") -> ChatSession:
-    agent = agent or default_agent()
+    agent = agent or agents.default_agent()
     try:
         alias = default_model(model or agent.default_model)
     except UnknownModel as exc:

@@ -50,6 +50,20 @@ def make_user(django_user_model):
 
 
 @pytest.fixture
+def default_agent(db):
+    """The default agent. Transactional tests flush the migration's row; the app makes
+    it again on demand, and so does this fixture."""
+    from chat.agents import default_agent
+
+    return default_agent()
+
+
+@pytest.fixture
+def agent(default_agent):
+    return default_agent
+
+
+@pytest.fixture
 def alice(make_user):
     return make_user("alice")
 

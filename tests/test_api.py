@@ -27,7 +27,7 @@ from django.utils import timezone
 from chat import runs
 from chat.agent.events import TERMINAL_TYPES, event_from_dict
 from chat.apikeys import authenticate_key, create_api_key
-from chat.models import Agent, ApiKey, QueuedInput, Run, ToolApproval
+from chat.models import ApiKey, QueuedInput, Run, ToolApproval
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,20 +35,6 @@ DELTAS = ("delta", "thinking_delta")
 
 
 # --- fixtures and helpers ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def default_agent(transactional_db) -> Agent:
-    """The migration's default agent; transactional tests flush it, so make it again."""
-    agent, _ = Agent.objects.get_or_create(
-        slug="assistant",
-        defaults={
-            "name": "Assistant",
-            "tools": ["calculator", "current_time", "write_file", "read_file", "list_files"],
-            "is_default": True,
-        },
-    )
-    return agent
 
 
 @pytest.fixture

@@ -19,38 +19,19 @@ from playwright.sync_api import Page, WebSocketRoute, expect
 
 from chat import display, store
 from chat.core.messages import assistant, user
-from chat.models import Agent, ChatSession, Provider, ProviderModel, Run
+from chat.models import ChatSession, Provider, ProviderModel, Run
 from tests.conftest import login
 from tests.fakeopenai import Script
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 WAIT_MS = 20_000  # a generous ceiling for anything to show up; nothing waits this long
-DEMO_TOOLS = [
-    "calculator",
-    "current_time",
-    "write_file",
-    "edit_file",
-    "read_file",
-    "list_files",
-    "delegate",
-]
 CHAT_URL = re.compile(r".*/chat/(?P<id>[0-9a-f-]{36})/$")
 USAGE = re.compile(r"^\d+ in · \d+ out tokens$")
 FAKE_REPLY = "Greetings from the fake model: zebra-42 checking in."
 
 
 # --- fixtures -------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def agent(transactional_db):
-    """The default agent (the data migration's row is flushed by transactional tests)."""
-    found, _ = Agent.objects.get_or_create(
-        slug="assistant",
-        defaults={"name": "Assistant", "tools": DEMO_TOOLS, "is_default": True},
-    )
-    return found
 
 
 @pytest.fixture

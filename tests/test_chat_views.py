@@ -28,15 +28,6 @@ SENTINEL = re.compile(r'id="load-older"[^>]*hx-get="[^"?]*\?before=(\d+)"')
 
 
 @pytest.fixture
-def agent(db) -> Agent:
-    """The default agent (an earlier transactional test may have flushed the migration's)."""
-    agent, _ = Agent.objects.get_or_create(
-        slug="assistant", defaults={"name": "Assistant", "is_default": True}
-    )
-    return agent
-
-
-@pytest.fixture
 def bob_client(client, bob):
     client.force_login(bob)
     return client

@@ -32,7 +32,7 @@ from django.test import Client
 from chat import access, display, runner, runs, store
 from chat.consumers import REPLAY_BATCH
 from chat.core.messages import ChatMessage
-from chat.models import Agent, ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
+from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chatsite.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,15 +42,6 @@ REDIS_URL = "redis://127.0.0.1:6379"
 ORIGIN = b"http://localhost"
 MEMORY_LAYER = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 LAYERS = ["memory", "redis"]
-DEFAULT_TOOLS = [
-    "calculator",
-    "current_time",
-    "write_file",
-    "edit_file",
-    "read_file",
-    "list_files",
-    "delegate",
-]
 
 
 def adb(fn: Callable) -> Callable:
@@ -105,16 +96,6 @@ async def socket_env(settings, tmp_path, layer_kind, transactional_db):
     await layer.flush()
     if layer_kind == "redis":
         await layer.close_pools()
-
-
-@pytest.fixture
-def agent(transactional_db) -> Agent:
-    """The default agent (transactional tests flush the data migration's row)."""
-    agent, _ = Agent.objects.get_or_create(
-        slug="assistant",
-        defaults={"name": "Assistant", "tools": DEFAULT_TOOLS, "is_default": True},
-    )
-    return agent
 
 
 @pytest.fixture

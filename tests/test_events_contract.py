@@ -26,7 +26,6 @@ from tests.test_runner import (  # noqa: F401 - fixtures are used by name
     WAIT,
     _wait_for_approval,
     adb,
-    agent,
     check_chat,
     fake_model,
     new_chat,

@@ -30,7 +30,6 @@ from chat import providers, runner, runs, store
 from chat.agent.events import TERMINAL_TYPES
 from chat.core import eventlog
 from chat.models import (
-    Agent,
     ChatEvent,
     ChatSession,
     ChatToolGrant,
@@ -46,15 +45,6 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 WAIT = 15.0  # upper bound on any single wait; runs here take well under a second
 API_KEY = "sk-test-secret-0123456789abcdef"
-DEFAULT_TOOLS = [
-    "calculator",
-    "current_time",
-    "write_file",
-    "edit_file",
-    "read_file",
-    "list_files",
-    "delegate",
-]
 TERMINAL_FOR_STATUS = {
     Run.Status.COMPLETED: ("complete", None),
     Run.Status.CANCELLED: ("cancelled", None),
@@ -83,16 +73,6 @@ def runtime(settings, tmp_path):
     settings.LYCEUM_RUN_GUARD_SECONDS = 60.0
     settings.LYCEUM_APPROVAL_TIMEOUT = 900.0
     return settings
-
-
-@pytest.fixture
-def agent(transactional_db):
-    """The default agent (the data migration's row is flushed by transactional tests)."""
-    agent, _ = Agent.objects.get_or_create(
-        slug="assistant",
-        defaults={"name": "Assistant", "tools": DEFAULT_TOOLS, "is_default": True},
-    )
-    return agent
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from chat.models import Run
 from tests.fakeopenai import FakeOpenAI, FakeToolCall, Script
 from tests.test_runner import (  # noqa: F401 - fixtures are used by name
     adb,
-    agent,
     assert_nothing_live,
     check_chat,
     display,
@@ -55,6 +54,9 @@ class Case:
     retries: tuple[str, ...] = ()  # categories of the "retrying" events, in order
     overrides: dict[str, Any] = field(default_factory=dict)  # settings for this case
     gave_up: int = 0  # responses the client walked away from (stalls)
+    # The client stops reading at a bad line; whether the server was still writing the
+    # rest (and so saw it leave) is a race, so up to one disconnect per such response.
+    may_abandon: bool = False
 
     @property
     def requests(self) -> int:
@@ -107,12 +109,14 @@ CASES = {
         FAILED,
         "malformed_stream",
         partial="Partial ",
+        may_abandon=True,
     ),
     "malformed line before any token, every time": Case(
         (Script(malformed=True), Script(malformed=True)),
         FAILED,
         "malformed_stream",
         retries=("malformed_stream",),
+        may_abandon=True,
     ),
     "connection dropped before the first token, retried": Case(
         (Script(drop=True), Script(text="Reconnected.")),
@@ -199,7 +203,8 @@ async def test_fault_matrix(alice, agent, runtime, fake_model, case: Case):
     assert len(fake_model.chat_requests()) == case.requests
     # The client closed what it gave up on (the server saw it leave), and nothing else.
     assert await fake_model.wait_for_disconnect_async(case.gave_up, timeout=1.0)
-    assert len(fake_model.disconnects) == case.gave_up
+    abandoned = case.requests if case.may_abandon else 0
+    assert case.gave_up <= len(fake_model.disconnects) <= case.gave_up + abandoned
     events = await adb(display)(chat)
     terminal = terminal_of(events, run.pk)
     retrying = events_of(events, run.pk, "retrying")

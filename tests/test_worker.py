@@ -31,7 +31,7 @@ from django.conf import settings as django_settings
 
 from chat import runner, runs, store
 from chat.apikeys import create_api_key
-from chat.models import Agent, Run
+from chat.models import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = "redis://127.0.0.1:6379/3"
@@ -42,20 +42,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 # --- fixtures ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def default_agent(transactional_db) -> Agent:
-    """The migration's default agent; transactional tests flush it, so make it again."""
-    agent, _ = Agent.objects.get_or_create(
-        slug="assistant",
-        defaults={
-            "name": "Assistant",
-            "tools": ["calculator", "current_time", "write_file", "read_file", "list_files"],
-            "is_default": True,
-        },
-    )
-    return agent
 
 
 @pytest.fixture
