@@ -1,3 +1,5 @@
+import json
+
 from django import template
 from django.utils.safestring import mark_safe
 
@@ -10,3 +12,11 @@ register = template.Library()
 def markdown(text: str) -> str:
     """Untrusted markdown → sanitised HTML (see chat.rendering)."""
     return mark_safe(render_markdown(text or ""))  # noqa: S308 - sanitised by nh3
+
+
+@register.filter
+def pretty_json(value) -> str:
+    """A tool call's arguments, readable (auto-escaped by the template)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, ensure_ascii=False)
