@@ -10,6 +10,7 @@ written) go straight to the page.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -30,6 +31,8 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 REPLAY_BATCH = 200
+# When stream snapshots stop for this long, read the log once (see _arm_quiet_check).
+QUIET_CHECK_SECONDS = 2.0
 WRITE_ACTIONS = {
     "send",
     "cancel",
@@ -47,6 +50,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
     chat_id: str
     last_seq: int | None = None  # None until the page says where it is (resync)
     flushed_round: dict[str, int]
+    _push_lock: asyncio.Lock | None = None
+    _quiet_check: asyncio.TimerHandle | None = None
+    _quiet_task: asyncio.Task | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -64,6 +70,10 @@ class ChatConsumer(AsyncWebsocketConsumer):
         runner.ensure_sweeper()
 
     async def disconnect(self, code: int) -> None:
+        if self._quiet_check is not None:
+            self._quiet_check.cancel()
+        if self._quiet_task is not None:
+            self._quiet_task.cancel()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
@@ -198,8 +208,39 @@ class ChatConsumer(AsyncWebsocketConsumer):
         await self.send(
             text_data=live.stream_slot(run_id, event.get("text", ""), event.get("reasoning", ""))
         )
+        self._arm_quiet_check()
+
+    def _arm_quiet_check(self) -> None:
+        """Read the log once the stream has gone quiet for a while.
+
+        The doorbell may be dropped under load (a full channel), and when the one that
+        announces the written reply is lost, no later frame reveals the gap: the page
+        would show the half-streamed text until reloaded. Costs one query per stream end.
+        """
+        if self._quiet_check is not None:
+            self._quiet_check.cancel()
+        loop = asyncio.get_running_loop()
+        self._quiet_check = loop.call_later(QUIET_CHECK_SECONDS, self._start_quiet_check)
+
+    def _start_quiet_check(self) -> None:
+        self._quiet_check = None
+        self._quiet_task = asyncio.get_running_loop().create_task(self._quiet_push())
+
+    async def _quiet_push(self) -> None:
+        try:
+            await self._push_new_events()
+        except Exception:  # noqa: BLE001 - a safety net must not take the socket down
+            logger.warning("quiet check of chat %s failed", self.chat_id, exc_info=True)
 
     async def _push_new_events(self) -> None:
+        # One reader at a time: the quiet check may run beside a doorbell's push, and
+        # both must not send the same events.
+        if self._push_lock is None:
+            self._push_lock = asyncio.Lock()
+        async with self._push_lock:
+            await self._push_events_after_last_seq()
+
+    async def _push_events_after_last_seq(self) -> None:
         read = database_sync_to_async(store.display_events_after)
         while True:
             events = await read(self.chat_id, self.last_seq, REPLAY_BATCH)
