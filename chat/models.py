@@ -145,6 +145,8 @@ class Run(models.Model):
     partial_reasoning = models.TextField(blank=True)
     checkpoint_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)  # proves a process still runs it
+    # Taken by the one process that executes the current leg of the run (see runner._prepare).
+    claimed = models.BooleanField(default=False)
     cancel_requested = models.BooleanField(default=False)
     iteration = models.PositiveIntegerField(default=0)
     thinking = models.BooleanField(default=True)

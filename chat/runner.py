@@ -183,16 +183,22 @@ def tools_for(agent) -> tuple[ToolRegistry, dict[str, str]]:
 
 
 def _prepare(run_id: str, resume: bool) -> Prepared | None:
-    run = Run.objects.select_related("chat", "chat__agent").filter(pk=run_id).first()
-    if run is None or run.status != Run.Status.RUNNING:
+    # Claim the run first: a channel layer may deliver one dispatch to two workers
+    # (channels_redis re-queues a message another consumer is still handling), and a
+    # run must execute once.
+    claimed = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, claimed=False).update(
+        claimed=True, heartbeat_at=timezone.now()
+    )
+    if not claimed:
         return None
+    run = Run.objects.select_related("chat", "chat__agent").get(pk=run_id)
     chat = run.chat
     tools, policies = tools_for(chat.agent)
     resume_state = None
     if resume and run.pending_message:
         resume_state = (ChatMessage.from_dict(run.pending_message), runs.decisions_for(run))
         Run.objects.filter(pk=run.pk).update(pending_message=None)
-    Run.objects.filter(pk=run.pk).update(heartbeat_at=timezone.now(), model=chat.model or run.model)
+    Run.objects.filter(pk=run.pk).update(model=chat.model or run.model)
     return Prepared(
         run=run,
         chat=chat,

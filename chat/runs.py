@@ -620,6 +620,7 @@ class DjangoRunHost:
             rows = store.append_display(self.chat_id, payloads)
             Run.objects.filter(pk=self.run.pk).update(
                 status=Run.Status.WAITING,
+                claimed=False,  # whoever resumes it claims it again
                 input_tokens=self.usage.input_tokens,
                 output_tokens=self.usage.output_tokens,
                 usage_estimated=self.usage.estimated,

@@ -91,5 +91,4 @@ def database_from_url(url: str) -> dict:
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
         "OPTIONS": dict(parse_qsl(parts.query)),
-        "CONN_MAX_AGE": 0,
     }

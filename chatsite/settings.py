@@ -109,6 +109,11 @@ else:
             "TEST": {"NAME": Path(env_str("SQLITE_TEST_PATH") or BASE_DIR / "test_db.sqlite3")},
         }
     }
+# Runs and sockets reach the database through one thread per process; opening and
+# closing a connection for every call was most of its time under load (bench_streams).
+for _database in DATABASES.values():
+    _database["CONN_MAX_AGE"] = env_int("LYCEUM_CONN_MAX_AGE", 60, minimum=0)
+    _database["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channels ---------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from tests.fakeopenai import FakeToolCall, Script
 from tests.test_browser_chat import messages, new_chat, replies, send, wait_replies
 
 # The live server fixtures of the chat tests (settings are set before the server forks).
-agent = chat_ui.agent
 serve = chat_ui.serve
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

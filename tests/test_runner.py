@@ -1094,3 +1094,22 @@ async def test_random_user_actions_keep_every_invariant(alice, agent, runtime, m
     # Every message was taken by a run (answered, or ended with its run): none is stranded.
     assert not await adb(QueuedInput.objects.filter(chat=chat, consumed=False).exists)()
     await adb(assert_nothing_live)()
+
+
+async def test_a_run_delivered_twice_executes_once(alice, agent, runtime, fake_model):
+    """A channel layer may hand one dispatch to two workers; the claim lets one run it."""
+    fake_model.enqueue(Script(text="Only once."), Script(text="A second execution!"))
+    chat = await new_chat(alice, "fake-model")
+    sent = await adb(runs.send_message)(alice, chat.pk, "hi", uuid.uuid4().hex)
+
+    await asyncio.wait_for(
+        asyncio.gather(runner.execute_run(sent.run_id), runner.execute_run(sent.run_id)), WAIT
+    )
+    await settle()
+
+    assert len(fake_model.chat_requests()) == 1
+    events = await adb(display)(chat)
+    assert terminal_of(events, sent.run_id)["text"] == "Only once."
+    assert len([e for e in events if e.kind in TERMINAL_TYPES]) == 1
+    await adb(check_chat)(chat)
+    await adb(assert_nothing_live)()
