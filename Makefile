@@ -34,7 +34,8 @@ chromium:
 test: $(VENV)/.installed-dev chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
-	DATABASE_URL=$(PG_TEST_URL) $(VENV)/bin/pytest -q -m persistence
+	# Persistent connections would keep the test database busy at teardown.
+	DATABASE_URL=$(PG_TEST_URL) LYCEUM_CONN_MAX_AGE=0 $(VENV)/bin/pytest -q -m persistence
 
 test-fast: $(VENV)/.installed-dev
 	$(VENV)/bin/pytest -q -m "not browser"
