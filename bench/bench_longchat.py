@@ -278,17 +278,6 @@ def analyze() -> None:
         cursor.execute("ANALYZE")
 
 
-def memoise_markdown() -> None:
-    """Replace render_markdown where the page and the socket use it with a memoised copy."""
-    from functools import lru_cache
-
-    from chat import display, live, rendering
-
-    cached = lru_cache(maxsize=4096)(rendering.render_markdown)
-    for module in (rendering, display, live):
-        module.render_markdown = cached
-
-
 def profile_page(client, chat_id: str) -> None:
     """cProfile of 10 requests of the page: where its server time goes."""
     import cProfile
@@ -378,11 +367,6 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="PostgreSQL: skip ANALYZE after building (planner statistics of an empty table)",
     )
-    parser.add_argument(
-        "--markdown-cache",
-        action="store_true",
-        help="experiment: memoise render_markdown by text (what a rendered-HTML cache would save)",
-    )
     parser.add_argument("--behind", type=int, default=1000, help="events the client misses")
     args = parser.parse_args(argv)
     sizes = sorted(int(x) for x in args.sizes.split(",") if x.strip())
@@ -396,8 +380,6 @@ def main(argv: list[str]) -> None:
 
             from chat import store
 
-            if args.markdown_cache:
-                memoise_markdown()
             owner = get_user_model().objects.create_user("longchat", password="bench-pass-1")
             chats: dict[int, dict[str, Any]] = {}
             for size in sizes:
@@ -429,8 +411,6 @@ def main(argv: list[str]) -> None:
             database = "PostgreSQL" if args.postgres else "SQLite"
             if args.postgres:
                 database += " (no ANALYZE)" if args.no_analyze else " (ANALYZEd)"
-            if args.markdown_cache:
-                database += ", render_markdown memoised (experiment)"
             print_report(database, chats, args.behind)
             if args.profile:
                 with override_settings(STORAGES=plain_static):

@@ -77,6 +77,14 @@ def sanitize_html(fragment: str) -> str:
     )
 
 
+RENDER_CACHE_SIZE = 4096
+
+
+@lru_cache(maxsize=RENDER_CACHE_SIZE)
 def render_markdown(text: str) -> str:
-    """Markdown → safe HTML (sanitised after rendering)."""
+    """Markdown → safe HTML (sanitised after rendering).
+
+    Cached by text: stored messages never change, and highlighting plus sanitising was
+    most of a chat page's render time and of a resync's (bench_longchat).
+    """
     return sanitize_html(_markdown().render(text or ""))
