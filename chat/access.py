@@ -10,7 +10,6 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
 from django.http import Http404
 
@@ -51,7 +50,3 @@ def access_chat(user, chat_id, action: ChatAction = ChatAction.VIEW) -> ChatSess
     if not can_access_chat(user, chat, action):
         raise Http404("No such chat")
     return chat
-
-
-async def aaccess_chat(user, chat_id, action: ChatAction = ChatAction.VIEW) -> ChatSession:
-    return await sync_to_async(access_chat)(user, chat_id, action)

@@ -16,7 +16,7 @@ from django.template.loader import render_to_string
 
 from chat import display
 from chat.providers import available_models
-from chat.rendering import render_markdown
+from chat.rendering import render_markdown_uncached
 from chat.store import StoredEvent
 
 TERMINAL = {"complete", "cancelled", "error"}
@@ -49,7 +49,7 @@ def stream_slot(run_id: str = "", text: str = "", reasoning: str = "") -> str:
     return _oob(
         "chat/_stream.html",
         run_id=run_id,
-        text_html=render_markdown(text) if text else "",
+        text_html=render_markdown_uncached(text) if text else "",
         reasoning=reasoning,
     )
 

@@ -80,11 +80,13 @@ def sanitize_html(fragment: str) -> str:
 RENDER_CACHE_SIZE = 4096
 
 
-@lru_cache(maxsize=RENDER_CACHE_SIZE)
-def render_markdown(text: str) -> str:
-    """Markdown → safe HTML (sanitised after rendering).
-
-    Cached by text: stored messages never change, and highlighting plus sanitising was
-    most of a chat page's render time and of a resync's (bench_longchat).
-    """
+def render_markdown_uncached(text: str) -> str:
+    """Markdown → safe HTML (sanitised after rendering)."""
     return sanitize_html(_markdown().render(text or ""))
+
+
+# Stored messages never change, and highlighting plus sanitising was most of a chat
+# page's render time and of a resync's (bench_longchat). A reply still being written
+# changes with every snapshot: it goes through the uncached function, so it cannot
+# push stored messages out of this cache.
+render_markdown = lru_cache(maxsize=RENDER_CACHE_SIZE)(render_markdown_uncached)

@@ -121,11 +121,6 @@ def display_events_before(chat_id, before_seq: int | None, limit: int) -> list[S
     return [StoredEvent(seq, kind, payload) for seq, kind, payload in reversed(list(newest))]
 
 
-def load_display_messages(chat_id) -> list[ChatMessage]:
-    """Display channel as messages (display ``restore`` events are honoured, never written)."""
-    return eventlog.replay(_events_from_last_reset(chat_id, DISPLAY))
-
-
 def create_chat(owner, *, title: str = "", model: str = "") -> ChatSession:
     return ChatSession.objects.create(owner=owner, title=title[:200], model=model)
 

@@ -3,15 +3,15 @@ import json
 from django import template
 from django.utils.safestring import mark_safe
 
-from chat.rendering import render_markdown
+from chat.rendering import render_markdown_uncached
 
 register = template.Library()
 
 
 @register.filter
 def markdown(text: str) -> str:
-    """Untrusted markdown → sanitised HTML (see chat.rendering)."""
-    return mark_safe(render_markdown(text or ""))  # noqa: S308 - sanitised by nh3
+    """A reply being written: untrusted markdown → sanitised HTML (never cached)."""
+    return mark_safe(render_markdown_uncached(text or ""))  # noqa: S308 - sanitised by nh3
 
 
 @register.filter
