@@ -89,6 +89,24 @@ def local_partial(run_id: str) -> tuple[str, str] | None:
     return host.partial if host else None
 
 
+async def stop_all() -> None:
+    """Cancel this process's run tasks and sweeper and wait for them (shutdown, tests).
+
+    A cancelled run keeps its state "running": the next start's recovery marks it
+    interrupted with its checkpoint, as after a crash.
+    """
+    global _sweeper
+    tasks = [task for task in list(_tasks.values()) if not task.done()]
+    if _sweeper is not None and not _sweeper.done():
+        tasks.append(_sweeper)
+    _sweeper = None
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    _tasks.clear()
+    _hosts.clear()
+
+
 def local_task(run_id: str) -> asyncio.Task | None:
     return _tasks.get(str(run_id))
 

@@ -84,15 +84,7 @@ async def socket_env(settings, tmp_path, layer_kind, transactional_db):
     layer = get_channel_layer()
     assert not runner._tasks
     yield layer
-    leftovers = [task for task in list(runner._tasks.values()) if not task.done()]
-    for task in leftovers:
-        task.cancel()
-    sweeper, runner._sweeper = runner._sweeper, None
-    if sweeper is not None and not sweeper.done():
-        sweeper.cancel()
-        leftovers.append(sweeper)
-    await asyncio.gather(*leftovers, return_exceptions=True)
-    runner._tasks.clear()
+    await runner.stop_all()
     await layer.flush()
     if layer_kind == "redis":
         await layer.close_pools()

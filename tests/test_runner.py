@@ -80,15 +80,7 @@ async def runner_state(transactional_db):
     """The test starts and ends with no run task and no sweeper (they are module state)."""
     assert not runner._tasks
     yield
-    leftovers = [task for task in list(runner._tasks.values()) if not task.done()]
-    for task in leftovers:
-        task.cancel()
-    sweeper, runner._sweeper = runner._sweeper, None
-    if sweeper is not None and not sweeper.done():
-        sweeper.cancel()
-        leftovers.append(sweeper)
-    await asyncio.gather(*leftovers, return_exceptions=True)
-    runner._tasks.clear()
+    await runner.stop_all()
 
 
 @pytest.fixture(autouse=True)
