@@ -17,8 +17,15 @@ class ChatEventAdmin(admin.ModelAdmin):
     list_display = ["chat", "channel", "seq", "kind", "created_at"]
     list_filter = ["channel", "kind"]
 
+    # The log is append-only: events go away only with their whole chat.
+    def has_add_permission(self, request):
+        return False
+
     def has_change_permission(self, request, obj=None):
-        return False  # the log is append-only
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 class ProviderModelInline(admin.TabularInline):

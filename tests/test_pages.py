@@ -126,3 +126,16 @@ def test_password_change(client, alice):
     assert response["Location"] == "/password/change/done/"
     alice.refresh_from_db()
     assert alice.check_password("a-much-better-passphrase")
+
+
+def test_the_admin_cannot_edit_or_delete_events(client, make_user, alice):
+    chat = store.create_chat(alice)
+    (event,) = store.append_display(chat.pk, [{"type": "msg", "role": "user", "content": "hi"}])
+    root = make_user("root", staff=True)
+    root.is_superuser = True
+    root.save()
+    client.force_login(root)
+    assert client.get(f"/admin/chat/chatevent/{event.pk}/change/").status_code == 200  # view only
+    assert client.get(f"/admin/chat/chatevent/{event.pk}/delete/").status_code == 403
+    assert client.get("/admin/chat/chatevent/add/").status_code == 403
+    assert client.get("/admin/chat/chatsession/").status_code == 200
