@@ -49,7 +49,6 @@ from bench_streams import percentile, server_env, setup_django, temporary_databa
 
 TARGET_RATIO = 1.5
 TARGET_PAGE_MS = 150.0
-REPLAY_BATCH = 200  # chat.consumers.REPLAY_BATCH
 WORDS = [
     "the",
     "agent",
@@ -231,20 +230,19 @@ def measure_page(client, chat_id: str, runs: int) -> dict[str, Any]:
 
 
 def replay(chat_id: str, last_seq: int) -> tuple[int, int, int]:
-    """The consumer's resync loop; returns (events, batches, bytes)."""
-    from chat import live, store
+    """The consumer's resync loop (``live.next_batch`` until a short batch)."""
+    from chat import live
 
     events_sent = batches = size = 0
     while True:
-        events = store.display_events_after(chat_id, last_seq, REPLAY_BATCH)
+        events, html = live.next_batch(chat_id, last_seq)
         if not events:
             break
-        html = live.fragments_for_events(events, chat_id)
         last_seq = events[-1].seq
         events_sent += len(events)
         batches += 1
         size += len(html.encode())
-        if len(events) < REPLAY_BATCH:
+        if len(events) < live.REPLAY_BATCH:
             break
     return events_sent, batches, size
 

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404
 
-from chat import live, runner, runs, store
+from chat import live, runner, runs
 from chat.access import ChatAction, access_chat
 from chat.models import Run
 
@@ -30,7 +30,6 @@ logger = logging.getLogger(__name__)
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
-REPLAY_BATCH = 200
 # When stream snapshots stop for this long, read the log once (see _arm_quiet_check).
 QUIET_CHECK_SECONDS = 2.0
 WRITE_ACTIONS = {
@@ -241,9 +240,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
             await self._push_events_after_last_seq()
 
     async def _push_events_after_last_seq(self) -> None:
-        read = database_sync_to_async(store.display_events_after)
+        next_batch = database_sync_to_async(live.next_batch)
         while True:
-            events = await read(self.chat_id, self.last_seq, REPLAY_BATCH)
+            events, html = await next_batch(self.chat_id, self.last_seq)
             if not events:
                 return
             for event in events:
@@ -252,10 +251,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
                     run_id = str(extra.get("run_id"))
                     round_ = int(extra["round"])
                     self.flushed_round[run_id] = max(self.flushed_round.get(run_id, -1), round_)
-            html = await database_sync_to_async(live.fragments_for_events)(events, self.chat_id)
             self.last_seq = events[-1].seq
             await self.send(text_data=html)
-            if len(events) < REPLAY_BATCH:
+            if len(events) < live.REPLAY_BATCH:
                 return
 
     async def _push_current_partial(self) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.template.loader import render_to_string
 
-from chat import display
+from chat import display, store
 from chat.providers import available_models
 from chat.rendering import render_markdown_uncached
 from chat.store import StoredEvent
@@ -156,3 +156,16 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
 def _is_main_reply(event: StoredEvent) -> bool:
     p = event.payload
     return p.get("role") == "assistant" and not p.get("sender_name")
+
+
+REPLAY_BATCH = 200
+
+
+def next_batch(chat_id: str, after_seq: int) -> tuple[list[StoredEvent], str]:
+    """The next display events after ``after_seq`` (at most a batch) and their fragments.
+
+    Read and rendered in one go, so the socket makes one trip to the database thread
+    per batch of a resync.
+    """
+    events = store.display_events_after(chat_id, after_seq, REPLAY_BATCH)
+    return events, fragments_for_events(events, chat_id) if events else ""

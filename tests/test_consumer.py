@@ -30,8 +30,8 @@ from django.conf import settings as django_settings
 from django.test import Client
 
 from chat import access, display, runner, runs, store
-from chat.consumers import REPLAY_BATCH
 from chat.core.messages import ChatMessage
+from chat.live import REPLAY_BATCH
 from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chatsite.asgi import application
 
