@@ -13,6 +13,13 @@ Modes:
 * ``burst``     the server writes the whole reply at once: few large reads (best case);
 * ``per-write`` one write per token, no delay: reads carry a few tokens each;
 * ``paced``     one token per millisecond: about one token per read (worst case per token).
+
+Baselines for the paced mode, the same bytes read and thrown away:
+
+* ``  httpx``          bare httpx with its stock transport (httpcore on anyio);
+* ``  httpx+asyncio``  bare httpx on ``chat.llm.netbackend.AsyncioTransport`` (httpcore on
+  plain asyncio), the transport the provider uses;
+* ``  socket``         a hand-written request on an asyncio socket (kernel + event loop).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402
 
 from chat.core.messages import user  # noqa: E402
+from chat.llm.netbackend import AsyncioTransport  # noqa: E402
 from chat.llm.openai import OpenAIProvider  # noqa: E402
 from chat.llm.types import ChatRequest, StreamEnd, TextDelta  # noqa: E402
 
@@ -103,7 +111,9 @@ async def _provider_streams(base_url: str, streams: int, timer: _Timer) -> int:
         await provider.aclose()
 
 
-async def _httpx_streams(base_url: str, streams: int, timer: _Timer) -> int:
+async def _httpx_streams(
+    base_url: str, streams: int, timer: _Timer, transport: httpx.AsyncBaseTransport | None = None
+) -> int:
     """Baseline: the same requests through bare httpx, bytes read and thrown away."""
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "stream": True}
 
@@ -112,7 +122,7 @@ async def _httpx_streams(base_url: str, streams: int, timer: _Timer) -> int:
             async for _data in response.aiter_bytes():
                 pass
 
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(transport=transport) as client:
         await one(client)
         with timer.span():
             for _ in range(streams):
@@ -144,7 +154,17 @@ async def _socket_streams(base_url: str, streams: int, timer: _Timer) -> int:
     return 0
 
 
-CLIENTS = {"provider": _provider_streams, "httpx": _httpx_streams, "socket": _socket_streams}
+async def _httpx_asyncio_streams(base_url: str, streams: int, timer: _Timer) -> int:
+    """Baseline: bare httpx on the asyncio network backend the provider uses."""
+    return await _httpx_streams(base_url, streams, timer, AsyncioTransport())
+
+
+CLIENTS = {
+    "provider": _provider_streams,
+    "httpx": _httpx_streams,
+    "httpx+asyncio": _httpx_asyncio_streams,
+    "socket": _socket_streams,
+}
 
 
 def measure(
@@ -179,7 +199,7 @@ def measure_provider(tokens: int, streams: int = 5, **options: Any) -> dict[str,
 
 def print_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     header = (
-        f"{'mode':<10} {'streams x tokens':>17} {'client CPU ms':>14} "
+        f"{'mode':<15} {'streams x tokens':>17} {'client CPU ms':>14} "
         f"{'CPU ms / 1k tok':>16} {'wall s':>7} {'tokens/s':>10}  target <{TARGET_MS_PER_1K:g}"
     )
     print(header)
@@ -190,7 +210,7 @@ def print_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
             verdict = "(baseline)"
         shape = f"{r['streams']} x {r['tokens'] // r['streams']}"
         print(
-            f"{mode:<10} {shape:>17} {r['cpu_s'] * 1000:>14.1f} {r['cpu_ms_per_1k']:>16.2f} "
+            f"{mode:<15} {shape:>17} {r['cpu_s'] * 1000:>14.1f} {r['cpu_ms_per_1k']:>16.2f} "
             f"{r['wall_s']:>7.2f} {r['tokens_per_s']:>10.0f}  {verdict}"
         )
 
@@ -207,14 +227,16 @@ def main() -> None:
         ("per-write", measure_provider(args.tokens, args.streams, coalesce=False)),
         ("paced", measure_provider(args.paced_tokens, 2, **paced)),
         ("  httpx", measure(args.paced_tokens, 2, client="httpx", **paced)),
+        ("  httpx+asyncio", measure(args.paced_tokens, 2, client="httpx+asyncio", **paced)),
         ("  socket", measure(args.paced_tokens, 2, client="socket", **paced)),
     ]
     print("OpenAIProvider streaming cost (client process only; server in a subprocess)")
     print_table(rows)
     print(
-        "\n'  httpx' and '  socket' are baselines for the paced row: the same bytes read by bare"
-        "\nhttpx, and by a raw asyncio socket (kernel + event loop). The provider's own share"
-        "\nis 'paced' minus '  httpx'."
+        "\n'  httpx', '  httpx+asyncio' and '  socket' are baselines for the paced row: the same"
+        "\nbytes read by bare httpx on its stock transport (anyio), by bare httpx on the asyncio"
+        "\nbackend the provider uses, and by a raw asyncio socket (kernel + event loop). The"
+        "\nprovider's own share is 'paced' minus '  httpx+asyncio'."
     )
 
 

@@ -16,6 +16,11 @@ Decisions worth knowing:
   echo masked keys back), and 401/403 bodies are never quoted.
 * The response is held in ``async with`` blocks, so cancelling the consuming task or
   closing the generator closes the upstream connection at once.
+* The client this provider creates runs httpx on ``netbackend.AsyncioTransport`` (plain
+  asyncio instead of anyio underneath httpcore): one network read per streamed token is
+  the hot path, and httpcore's anyio backend made each read cost about twice what the
+  socket itself costs. When the environment configures a proxy, the stock transport is
+  kept (httpx handles proxies only there).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import httpx
 
 from chat.core.eventlog import sanitize
 from chat.core.messages import ChatMessage, Role
+from chat.llm.netbackend import AsyncioTransport, environment_proxy_for
 from chat.llm.retry import (
     RandomSource,
     classify_http_error,
@@ -478,9 +484,19 @@ class OpenAIProvider:
         loop = asyncio.get_running_loop()
         owner = self._own_loop() if self._own_loop is not None else None
         if self._own_client is None or self._own_client.is_closed or owner is not loop:
-            self._own_client = httpx.AsyncClient(
-                timeout=self._timeout, follow_redirects=False, verify=_shared_ssl_context()
-            )
+            if environment_proxy_for(self.base_url):
+                # httpx ignores HTTP(S)_PROXY when given a transport: keep its own.
+                self._own_client = httpx.AsyncClient(
+                    timeout=self._timeout, follow_redirects=False, verify=_shared_ssl_context()
+                )
+            else:
+                # httpx's pool and TLS settings on a plain-asyncio network backend
+                # (netbackend.py): less CPU per network read, i.e. per streamed token.
+                self._own_client = httpx.AsyncClient(
+                    transport=AsyncioTransport(verify=_shared_ssl_context()),
+                    timeout=self._timeout,
+                    follow_redirects=False,
+                )
             self._own_loop = weakref.ref(loop)
         return self._own_client
 
