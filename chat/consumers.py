@@ -23,6 +23,7 @@ from django.http import Http404
 
 from chat import live, runner, runs
 from chat.access import ChatAction, access_chat
+from chat.dispatch import DirectDispatch
 from chat.models import Run
 
 logger = logging.getLogger(__name__)
@@ -45,13 +46,15 @@ WRITE_ACTIONS = {
 }
 
 
-class ChatConsumer(AsyncWebsocketConsumer):
+class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     chat_id: str
     last_seq: int | None = None  # None until the page says where it is (resync)
     flushed_round: dict[str, int]
-    _push_lock: asyncio.Lock | None = None
+    _reading_events = False
+    _read_again = False
     _quiet_check: asyncio.TimerHandle | None = None
     _quiet_task: asyncio.Task | None = None
+    _last_snapshot_at = 0.0
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -204,9 +207,7 @@ class ChatConsumer(AsyncWebsocketConsumer):
         run_id = str(event.get("run_id"))
         if int(event.get("round", 0)) <= self.flushed_round.get(run_id, -1):
             return  # that reply was written already
-        await self.send(
-            text_data=live.stream_slot(run_id, event.get("text", ""), event.get("reasoning", ""))
-        )
+        await self.send(text_data=event["html"])
         self._arm_quiet_check()
 
     def _arm_quiet_check(self) -> None:
@@ -216,14 +217,20 @@ class ChatConsumer(AsyncWebsocketConsumer):
         announces the written reply is lost, no later frame reveals the gap: the page
         would show the half-streamed text until reloaded. Costs one query per stream end.
         """
-        if self._quiet_check is not None:
-            self._quiet_check.cancel()
         loop = asyncio.get_running_loop()
-        self._quiet_check = loop.call_later(QUIET_CHECK_SECONDS, self._start_quiet_check)
+        self._last_snapshot_at = loop.time()
+        if self._quiet_check is None:  # one timer per stream, not one per snapshot
+            self._quiet_check = loop.call_later(QUIET_CHECK_SECONDS, self._start_quiet_check)
 
     def _start_quiet_check(self) -> None:
+        loop = asyncio.get_running_loop()
+        quiet_for = loop.time() - self._last_snapshot_at
+        if quiet_for < QUIET_CHECK_SECONDS:
+            remaining = QUIET_CHECK_SECONDS - quiet_for
+            self._quiet_check = loop.call_later(remaining, self._start_quiet_check)
+            return
         self._quiet_check = None
-        self._quiet_task = asyncio.get_running_loop().create_task(self._quiet_push())
+        self._quiet_task = loop.create_task(self._quiet_push())
 
     async def _quiet_push(self) -> None:
         try:
@@ -232,12 +239,20 @@ class ChatConsumer(AsyncWebsocketConsumer):
             logger.warning("quiet check of chat %s failed", self.chat_id, exc_info=True)
 
     async def _push_new_events(self) -> None:
-        # One reader at a time: the quiet check may run beside a doorbell's push, and
-        # both must not send the same events.
-        if self._push_lock is None:
-            self._push_lock = asyncio.Lock()
-        async with self._push_lock:
-            await self._push_events_after_last_seq()
+        # One reader at a time: a doorbell (or the quiet check) arriving while the log is
+        # being read asks for one more read afterwards; a burst of doorbells costs two
+        # reads, not one each, and no two readers send the same events.
+        if self._reading_events:
+            self._read_again = True
+            return
+        self._reading_events = True
+        try:
+            self._read_again = True
+            while self._read_again:
+                self._read_again = False
+                await self._push_events_after_last_seq()
+        finally:
+            self._reading_events = False
 
     async def _push_events_after_last_seq(self) -> None:
         next_batch = database_sync_to_async(live.next_batch)
@@ -258,7 +273,9 @@ class ChatConsumer(AsyncWebsocketConsumer):
 
     async def _push_current_partial(self) -> None:
         """A page (re)connecting during a run gets the reply written so far."""
-        run = await Run.objects.filter(chat_id=self.chat_id, status__in=runs.LIVE).afirst()
+        run = await database_sync_to_async(
+            Run.objects.filter(chat_id=self.chat_id, status__in=runs.LIVE).first
+        )()
         if run is None:
             return
         if run.status == Run.Status.WAITING:
@@ -271,6 +288,6 @@ class ChatConsumer(AsyncWebsocketConsumer):
             run.partial_reasoning,
         )
         await self.send(
-            text_data=live.stream_slot(str(run.pk), text, reasoning)
+            text_data=live.partial_stream_slot(str(run.pk), text, reasoning)
             + live.controls(True, self.chat_id)
         )

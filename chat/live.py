@@ -8,7 +8,6 @@ Rendering uses the same partials as the full page.
 
 from __future__ import annotations
 
-from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,16 +41,14 @@ def controls(busy: bool, chat_id: str) -> str:
     return _oob("chat/_controls.html", busy=busy, chat_id=chat_id)
 
 
-@lru_cache(maxsize=128)
-def stream_slot(run_id: str = "", text: str = "", reasoning: str = "") -> str:
-    # Cached: every subscriber of a chat (a second tab, a teacher watching) gets the same
-    # snapshot from the group; the markdown is rendered and sanitised once, not per socket.
-    return _oob(
-        "chat/_stream.html",
-        run_id=run_id,
-        text_html=render_markdown_uncached(text) if text else "",
-        reasoning=reasoning,
-    )
+def stream_slot(run_id: str = "", text_html: str = "", reasoning: str = "") -> str:
+    """The reply being written; ``text_html`` is its rendered, sanitised markdown."""
+    return _oob("chat/_stream.html", run_id=run_id, text_html=text_html, reasoning=reasoning)
+
+
+def partial_stream_slot(run_id: str, text: str, reasoning: str) -> str:
+    """The reply written so far, rendered whole (a page attaching mid-stream)."""
+    return stream_slot(run_id, render_markdown_uncached(text) if text else "", reasoning)
 
 
 def error_notice(message: str) -> str:

@@ -90,3 +90,52 @@ def render_markdown_uncached(text: str) -> str:
 # changes with every snapshot: it goes through the uncached function, so it cannot
 # push stored messages out of this cache.
 render_markdown = lru_cache(maxsize=RENDER_CACHE_SIZE)(render_markdown_uncached)
+
+
+class StreamingMarkdown:
+    """Renders a reply that grows at its end, re-rendering only its last block.
+
+    A streamed reply is pushed several times a second; rendering (and highlighting and
+    sanitising) the whole text each time cost O(length) per push. Appending text can
+    only change the last top-level block (a paragraph growing, a list gaining an item,
+    a fence still open), so every top-level block before it is rendered once and kept.
+    The exception is a link reference defined after its use, which the written
+    message (rendered whole) shows right.
+    """
+
+    def __init__(self) -> None:
+        self._stable_source = ""
+        self._stable_html = ""
+
+    def render(self, text: str) -> str:
+        if not text.startswith(self._stable_source):  # not a continuation: start over
+            self._stable_source = self._stable_html = ""
+        tail = text[len(self._stable_source) :]
+        md = _markdown()
+        env: dict = {}
+        tokens = md.parse(tail, env)
+        last_start = _last_top_level_start(tokens)
+        if last_start:  # blocks before the last one are final
+            cut = _line_offset(tail, tokens[last_start].map[0])
+            self._stable_source += tail[:cut]
+            self._stable_html += sanitize_html(
+                md.renderer.render(tokens[:last_start], md.options, env)
+            )
+            tokens = tokens[last_start:]
+        return self._stable_html + sanitize_html(md.renderer.render(tokens, md.options, env))
+
+
+def _last_top_level_start(tokens) -> int:
+    """Index of the token opening the last top-level block (0 if there is one or none)."""
+    for index in range(len(tokens) - 1, 0, -1):
+        token = tokens[index]
+        if token.level == 0 and token.nesting >= 0 and token.map is not None:
+            return index
+    return 0
+
+
+def _line_offset(text: str, line: int) -> int:
+    offset = 0
+    for _ in range(line):
+        offset = text.index("\n", offset) + 1
+    return offset

@@ -31,6 +31,7 @@ from chat.agent.loop import DELEGATE, AgentLoop, Decision, LoopConfig, LoopOutco
 from chat.agent.tools import ToolRegistry, default_registry
 from chat.agent.workspace import Workspace
 from chat.core.messages import ChatMessage
+from chat.dispatch import DirectDispatch
 from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError, Usage
 from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chat.providers import ResolvedModel, UnknownModel, resolve_model
@@ -302,6 +303,7 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
             await database_sync_to_async(cancel_if_requested)(run_id)
     finally:
         watcher.cancel()
+        host.stop_pushing()
         _hosts.pop(run_id, None)
     await _start_next(prepared.chat)
 
@@ -373,6 +375,7 @@ def _check_in(run_id: str, beat: bool) -> bool:
 
 
 async def _end(host, loop: AgentLoop, how: str, category=None, message: str = "") -> None:
+    host.stop_pushing()  # a snapshot due now would land after the reply's end
     text, reasoning = loop.partial_text, loop.partial_reasoning
     usage = loop.usage()
     if how == "completed":
@@ -500,7 +503,7 @@ def recover_stale_runs(*, everything: bool = False) -> list[str]:
 # --- the worker consumer -----------------------------------------------------------------------
 
 
-class RunWorkerConsumer(AsyncConsumer):
+class RunWorkerConsumer(DirectDispatch, AsyncConsumer):
     """Receives runs on ``LYCEUM_WORKER_CHANNEL`` in ``manage.py runworker`` processes."""
 
     async def run_execute(self, message: dict) -> None:

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from chat import agents, store
+from chat import agents, live, store
 from chat.access import ChatAction, access_chat
 from chat.agent import events as ev
 from chat.agent.loop import Decision, QueuedText
@@ -31,6 +31,7 @@ from chat.core.eventlog import msg_event
 from chat.core.messages import ChatMessage, ToolCall, assistant
 from chat.models import Agent, ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chat.providers import UnknownModel, available_models, default_model
+from chat.rendering import StreamingMarkdown
 
 logger = logging.getLogger(__name__)
 
@@ -451,6 +452,16 @@ def _stamp(event: ev.RunEvent, run: Run) -> dict[str, Any]:
     return payload
 
 
+class _PushAfterCurrent:
+    """Stands in for the push timer while a push waits for the one in flight."""
+
+    def cancel(self) -> None:
+        pass
+
+
+_AFTER_PUSH = _PushAfterCurrent()
+
+
 class DjangoRunHost:
     """Persists and publishes what a running loop produces."""
 
@@ -467,6 +478,9 @@ class DjangoRunHost:
         self.agent_prompt = ""
         self.partial = ("", "")
         self._checkpointing: asyncio.Task | None = None
+        self.markdown = StreamingMarkdown()
+        self._push_due: asyncio.TimerHandle | _PushAfterCurrent | None = None
+        self._pushing: asyncio.Future | None = None
 
     # RunHost protocol ------------------------------------------------------------------
 
@@ -498,6 +512,8 @@ class DjangoRunHost:
                 message.extra["round"] = self.round
                 self.round += 1
                 self.partial = ("", "")  # written: a reconnecting page must not see it twice
+                self.markdown = StreamingMarkdown()
+                self.stop_pushing()
         return new_display
 
     async def commit(self) -> None:
@@ -525,20 +541,49 @@ class DjangoRunHost:
             # of a process share one thread; a busy one stalled every stream each second).
             if self._checkpointing is None or self._checkpointing.done():
                 self._checkpointing = asyncio.create_task(self._checkpoint_quietly())
-        if now - self.last_push >= settings.LYCEUM_STREAM_PUSH_INTERVAL:
-            self.last_push = now
-            await self.push_stream()
+        if self._push_due is None:
+            # Coalesced: text arriving before the push is due goes out in that push, so
+            # no text waits longer than one interval, and a quiet stream is pushed at once.
+            wait = max(0.0, self.last_push + settings.LYCEUM_STREAM_PUSH_INTERVAL - now)
+            self._push_due = asyncio.get_running_loop().call_later(wait, self._push_when_due)
+
+    def _push_when_due(self) -> None:
+        if self._pushing is not None and not self._pushing.done():
+            # One push in flight per run: snapshots stay in order, and a slow channel
+            # layer is not flooded. This one goes out as soon as that one is through.
+            self._push_due = _AFTER_PUSH
+            self._pushing.add_done_callback(self._push_if_waiting)
+            return
+        self._push_due = None
+        self.last_push = time.monotonic()
+        if self.partial != ("", ""):
+            self._pushing = asyncio.ensure_future(self.push_stream())
+
+    def _push_if_waiting(self, _pushed: asyncio.Future) -> None:
+        if self._push_due is _AFTER_PUSH:
+            self._push_when_due()
+
+    def stop_pushing(self) -> None:
+        """Drop a snapshot still due: the reply it would show is written, or the run ended."""
+        if self._push_due is not None:
+            self._push_due.cancel()
+            self._push_due = None
 
     async def push_stream(self) -> None:
         text, reasoning = self.partial
+        run_id = str(self.run.pk)
+        # Rendered here, once, for every subscriber (and in the worker, when runs run
+        # in one): only the reply's last block is rendered again.
+        html = live.stream_slot(run_id, self.markdown.render(text) if text else "", reasoning)
         await aring(
             self.chat_id,
             {
                 "type": "chat.stream",
-                "run_id": str(self.run.pk),
+                "run_id": run_id,
                 "round": self.round,
                 "text": text,
                 "reasoning": reasoning,
+                "html": html,
                 "sent_at": time.time(),
             },
         )

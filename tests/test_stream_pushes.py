@@ -1,0 +1,86 @@
+"""How a run publishes the reply it is writing: coalesced snapshots, rendered once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+
+from chat import runs
+from chat.models import Run
+from chat.rendering import render_markdown_uncached
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+INTERVAL = 0.2
+
+
+@pytest.fixture
+async def host(alice, agent, settings, monkeypatch):
+    settings.LYCEUM_STREAM_PUSH_INTERVAL = INTERVAL
+    chat = await database_sync_to_async(runs.new_chat)(alice)
+    run = await Run.objects.acreate(chat=chat, model="demo-fast")
+    made = runs.DjangoRunHost(run, [])
+    made.pushed = []
+
+    async def capture(chat_id, message):
+        made.pushed.append(message)
+
+    monkeypatch.setattr(runs, "aring", capture)
+    yield made
+    made.stop_pushing()
+
+
+async def test_the_first_text_goes_out_at_once_and_later_text_within_one_interval(host):
+    await host.stream_update("Hello", "")
+    await asyncio.sleep(0.02)
+    assert [m["text"] for m in host.pushed] == ["Hello"]
+
+    await host.stream_update("Hello wor", "")
+    await host.stream_update("Hello world", "")
+    await asyncio.sleep(0.02)
+    assert len(host.pushed) == 1  # coalesced: not before the interval is over
+
+    await asyncio.sleep(INTERVAL)  # no more text arrives: the last text still goes out
+    assert [m["text"] for m in host.pushed] == ["Hello", "Hello world"]
+
+
+async def test_a_snapshot_carries_the_rendered_markdown_for_the_page(host):
+    await host.stream_update("Some **bold**\n\n- a list", "thinking…")
+    await asyncio.sleep(0.02)
+    (message,) = host.pushed
+    assert message["type"] == "chat.stream"
+    assert message["run_id"] == str(host.run.pk)
+    assert render_markdown_uncached("Some **bold**\n\n- a list") in message["html"]
+    assert "thinking…" in message["html"]
+    assert 'id="stream"' in message["html"] and 'hx-swap-oob="true"' in message["html"]
+
+
+async def test_a_written_reply_drops_the_snapshot_still_due(host):
+    await host.stream_update("Hello", "")
+    await asyncio.sleep(0.02)
+    await host.stream_update("Hello world", "")
+    host.channels.display.append(runs.assistant("Hello world"))
+    host.take_new_display()  # the reply is written now
+
+    await asyncio.sleep(INTERVAL + 0.05)
+    assert [m["text"] for m in host.pushed] == ["Hello"]
+
+
+async def test_pushes_do_not_overlap_and_the_one_waiting_goes_out_after(host, monkeypatch):
+    release = asyncio.Event()
+
+    async def slow(chat_id, message):
+        host.pushed.append(message)
+        await release.wait()
+
+    monkeypatch.setattr(runs, "aring", slow)
+    await host.stream_update("one", "")
+    await asyncio.sleep(0.02)
+    await host.stream_update("one two", "")
+    await asyncio.sleep(INTERVAL + 0.05)
+    assert [m["text"] for m in host.pushed] == ["one"]  # the layer is still busy
+
+    release.set()
+    await asyncio.sleep(0.05)
+    assert [m["text"] for m in host.pushed] == ["one", "one two"]
