@@ -122,6 +122,7 @@ REDIS_URL = env_str("REDIS_URL")
 # database keep their channels and groups apart with distinct prefixes.
 LYCEUM_REDIS_PREFIX = env_str("LYCEUM_REDIS_PREFIX", "asgi") or "asgi"
 REDIS_SOCKET_TIMEOUT = 30.0
+REDIS_MAX_CONNECTIONS = env_int("LYCEUM_REDIS_MAX_CONNECTIONS", 1000, minimum=10)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -130,7 +131,15 @@ if REDIS_URL:
                 # channels_redis blocks 5 s per BZPOPMIN; redis-py >= 8 times reads out after
                 # 5 s by default, which races it and kills idle receive loops (a runworker
                 # exits). Reads must be allowed to outlast the blocking pop.
-                "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
+                # redis-py fails a command outright when its pool (100 by default) is
+                # used up, which a hundred streaming runs in one process can do.
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": REDIS_SOCKET_TIMEOUT,
+                        "max_connections": REDIS_MAX_CONNECTIONS,
+                    }
+                ],
                 "capacity": 1500,
                 "expiry": 30,
                 "prefix": LYCEUM_REDIS_PREFIX,
@@ -138,7 +147,7 @@ if REDIS_URL:
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "chatsite.layers.LeanInMemoryChannelLayer"}}
 
 # --- Auth -------------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
@@ -219,7 +228,7 @@ LYCEUM_RUN_STALE_SECONDS = env_float("LYCEUM_RUN_STALE_SECONDS", 15.0, minimum=3
 LYCEUM_APPROVAL_TIMEOUT = env_float("LYCEUM_APPROVAL_TIMEOUT", 900.0, minimum=1)
 LYCEUM_TOOL_TIMEOUT = env_float("LYCEUM_TOOL_TIMEOUT", 30.0, minimum=0.1)
 LYCEUM_DEMO_TOKEN_DELAY = env_float("LYCEUM_DEMO_TOKEN_DELAY", 0.03, minimum=0)
-LYCEUM_STREAM_PUSH_INTERVAL = env_float("LYCEUM_STREAM_PUSH_INTERVAL", 0.2, minimum=0)
+LYCEUM_STREAM_PUSH_INTERVAL = env_float("LYCEUM_STREAM_PUSH_INTERVAL", 0.1, minimum=0)
 LYCEUM_CHECKPOINT_INTERVAL = env_float("LYCEUM_CHECKPOINT_INTERVAL", 1.0, minimum=0.05)
 LYCEUM_MAX_FRAME_BYTES = env_int("LYCEUM_MAX_FRAME_BYTES", 64 * 1024, minimum=1024)
 LYCEUM_HOOKS = env_list("LYCEUM_HOOKS")

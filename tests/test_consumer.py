@@ -40,7 +40,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 WAIT = 15.0  # upper bound on any one wait; nothing here normally takes a second
 REDIS_URL = "redis://127.0.0.1:6379"
 ORIGIN = b"http://localhost"
-MEMORY_LAYER = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+MEMORY_LAYER = {"default": {"BACKEND": "chatsite.layers.LeanInMemoryChannelLayer"}}
 LAYERS = ["memory", "redis"]
 
 
