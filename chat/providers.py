@@ -51,6 +51,8 @@ def _openai(name: str, base_url: str, api_key: str) -> OpenAIProvider:
         idle_timeout=settings.LYCEUM_IDLE_TIMEOUT,
         max_retries=settings.LYCEUM_MAX_RETRIES,
         backoff_base=getattr(settings, "LYCEUM_RETRY_BACKOFF", 1.0),
+        # Reading more often than the page is updated would only cost CPU.
+        read_interval=settings.LYCEUM_STREAM_PUSH_INTERVAL,
     )
 
 

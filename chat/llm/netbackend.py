@@ -73,6 +73,7 @@ class _StreamProtocol(asyncio.Protocol):
         self.exception: BaseException | None = None
         self.tls = False
         self.reading_paused = False
+        self.pace_paused = False  # held back until the next paced read
         self.writing_paused = False
         self.read_waiter: asyncio.Future[None] | None = None
         self.drain_waiter: asyncio.Future[None] | None = None
@@ -85,9 +86,8 @@ class _StreamProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.chunks.append(data)
         self.size += len(data)
-        if self.size > READ_HIGH_WATER and not self.reading_paused and self.transport:
-            self.reading_paused = True
-            self.transport.pause_reading()
+        if self.size > READ_HIGH_WATER and not self.reading_paused:
+            self.update_reading()
         self._wake(self.read_waiter)
 
     def eof_received(self) -> bool | None:
@@ -132,10 +132,19 @@ class _StreamProtocol(asyncio.Protocol):
                     room = 0
             data = parts[0] if len(parts) == 1 else b"".join(parts)
         self.size -= len(data)
-        if self.reading_paused and self.size <= READ_HIGH_WATER and self.transport:
-            self.reading_paused = False
-            self.transport.resume_reading()
+        if self.reading_paused:
+            self.update_reading()
         return data
+
+    def update_reading(self) -> None:
+        """Pause the socket while the buffer is full or a paced read is not due yet."""
+        paused = self.pace_paused or self.size > READ_HIGH_WATER
+        if paused != self.reading_paused and self.transport is not None and not self.lost:
+            self.reading_paused = paused
+            if paused:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
 
     @staticmethod
     def _wake(waiter: asyncio.Future[None] | None) -> None:
@@ -150,9 +159,32 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         self._transport = transport
         self._protocol = protocol
         self._closed = False
+        self._read_interval = 0.0
+        self._next_read_at = 0.0
+
+    def pace_reads(self, interval: float) -> None:
+        """Read the network at most once per ``interval`` seconds (0: as data arrives).
+
+        Between paced reads the socket is not even watched: what arrives waits in the
+        kernel, and the next read takes it all at once.
+        """
+        self._read_interval = interval
+        if not interval:
+            self._hold_back(False)
+
+    def _hold_back(self, hold: bool) -> None:
+        protocol = self._protocol
+        if protocol.pace_paused != hold:
+            protocol.pace_paused = hold
+            protocol.update_reading()
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         protocol = self._protocol
+        if self._read_interval and not protocol.size:
+            wait = self._next_read_at - asyncio.get_running_loop().time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._hold_back(False)
         if not protocol.size and not (protocol.eof or protocol.lost or self._closed):
             if protocol.read_waiter is not None:
                 raise RuntimeError("another task is already reading from this stream")
@@ -169,7 +201,11 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
                 protocol.read_waiter = None
         # Like anyio: bytes that arrived before a close or an error are still delivered.
         if protocol.size:
-            return protocol.take(max_bytes)
+            data = protocol.take(max_bytes)
+            if self._read_interval and not protocol.size:
+                self._next_read_at = asyncio.get_running_loop().time() + self._read_interval
+                self._hold_back(True)
+            return data
         if self._closed:
             raise httpcore.ReadError("the connection was closed")
         if protocol.exception is not None:

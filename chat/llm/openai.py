@@ -21,6 +21,12 @@ Decisions worth knowing:
   the hot path, and httpcore's anyio backend made each read cost about twice what the
   socket itself costs. When the environment configures a proxy, the stock transport is
   kept (httpx handles proxies only there).
+* ``read_interval`` paces the network reads of a streamed body (``AsyncioStream.pace_reads``):
+  providers send one packet per token, and reading each the moment it landed cost a
+  wake-up and a trip through httpcore, h11 and the SSE decoder per token, while the page
+  shows new text only once per push interval anyway. Text left in the socket buffer
+  until the next read is no later on the page: at 30 tokens/s and a read every 0.1 s,
+  one read carries three tokens, for about a third of the cost.
 """
 
 from __future__ import annotations
@@ -243,6 +249,7 @@ class OpenAIProvider:
         client: httpx.AsyncClient | None = None,
         user_agent: str = "Lyceum/0.1",
         rng: RandomSource | None = None,
+        read_interval: float = 0.0,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
@@ -251,6 +258,7 @@ class OpenAIProvider:
         self.first_byte_timeout = first_byte_timeout
         self.idle_timeout = idle_timeout
         self.complete_timeout = complete_timeout  # a whole non-streamed reply
+        self.read_interval = read_interval
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
@@ -341,6 +349,10 @@ class OpenAIProvider:
                         response = await self._open(stack, "POST", "/chat/completions", payload)
                 except TimeoutError:
                     raise self._first_byte_timeout_error() from None
+                network = response.extensions.get("network_stream")
+                if self.read_interval > 0 and hasattr(network, "pace_reads"):
+                    network.pace_reads(self.read_interval)
+                    stack.callback(network.pace_reads, 0.0)  # before it goes back to the pool
                 if _is_json(response):
                     # The server ignored stream=true and answered with one JSON body.
                     data = await self._read_json(response, first_byte_deadline)

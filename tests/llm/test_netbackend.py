@@ -149,6 +149,57 @@ async def test_chunked_body_split_across_many_small_writes(client):
     assert len(parts) > 20  # really many reads, not one
 
 
+async def trickle_handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Chunked bodies of 30 pieces, one write every 10 ms (a model streaming tokens)."""
+    while await read_request(reader) is not None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(30):
+            piece = f"token {i:02d};".encode()
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+async def test_paced_reads_take_what_arrived_in_between_in_one_read(client):
+    loop = asyncio.get_running_loop()
+    reads: list[tuple[float, int]] = []
+    async with serve(trickle_handler) as server, client.stream("GET", server.url()) as streamed:
+        network = streamed.extensions["network_stream"]
+        network.pace_reads(0.1)
+        real_read = network.read
+
+        async def counted_read(max_bytes: int, timeout: float | None = None) -> bytes:
+            data = await real_read(max_bytes, timeout)
+            reads.append((loop.time(), len(data)))
+            return data
+
+        network.read = counted_read
+        body = b"".join([part async for part in streamed.aiter_raw()])
+        network.pace_reads(0.0)
+
+    assert body == b"".join(f"token {i:02d};".encode() for i in range(30))
+    data_reads = [at for at, size in reads if size]
+    # About 0.3 s of trickle read every 0.1 s: a handful of reads instead of thirty.
+    assert 2 <= len(data_reads) <= 6
+    gaps = [later - earlier for earlier, later in zip(data_reads, data_reads[1:], strict=False)]
+    assert min(gaps) >= 0.09
+
+
+async def test_pacing_off_reads_as_data_arrives_and_the_connection_is_reused(client):
+    async with serve(trickle_handler) as server:
+        async with client.stream("GET", server.url()) as streamed:
+            network = streamed.extensions["network_stream"]
+            network.pace_reads(0.1)
+            network.pace_reads(0.0)
+            parts = [part async for part in streamed.aiter_raw()]
+        assert len(parts) >= 15  # one read per write, near enough
+        again = await client.get(server.url())
+    assert again.status_code == 200
+    assert server.connections == 1
+
+
 async def test_a_body_larger_than_the_read_buffer_limit_with_a_slow_reader(client):
     body = bytes(range(256)) * 8192  # 2 MiB: reading pauses and resumes on the way
 
