@@ -199,6 +199,9 @@ def start_process(
     if options is not None and options.wrapped:
         profile_out = workdir / f"{name}.profile.txt" if options.profile else None
         wrapper = {"profile": str(profile_out) if profile_out else None}
+        if profile_out and os.environ.get("BENCH_CPROFILE"):
+            profile_out = workdir / f"{name}.pstats"
+            wrapper = {"cprofile": str(profile_out)}
         wrapper["conn_max_age"] = options.conn_max_age
         command = [sys.executable, __file__, "--serve", json.dumps(wrapper), "--", *command]
     else:
@@ -270,11 +273,15 @@ def percentile(values: list[float], pct: float) -> float:
 
 
 @contextlib.contextmanager
-def fake_upstream(workdir: Path, tokens: int, tps: float) -> Iterator[tuple[str, Path, Proc]]:
+def fake_upstream(
+    workdir: Path, tokens: int, tps: float, reply: str
+) -> Iterator[tuple[str, Path, Proc]]:
     """``tests.fakeopenai`` in a subprocess: paced, stamped tokens; replies logged."""
     record = workdir / "replies.jsonl"
     command = [sys.executable, "-m", "tests.fakeopenai", "--port", "0", "--tokens", str(tokens)]
     command += ["--tokens-per-second", str(tps), "--stamp", "--record", str(record)]
+    if reply == "markdown":
+        command.append("--markdown")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     popen = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
@@ -701,6 +708,7 @@ def run_round(
     base_url, record, fake = upstream
     tag = secrets.token_hex(3)
     extra = {"LYCEUM_STREAM_PUSH_INTERVAL": str(interval)}
+    extra.update(item.split("=", 1) for item in args.set)
     prefix = ""
     if mode == "redis":
         prefix = f"bench-{tag}"
@@ -770,6 +778,10 @@ def run_round(
     profiles = {}
     for proc in procs:
         if proc.profile_out and proc.profile_out.exists():
+            if proc.profile_out.suffix == ".pstats":
+                shutil.copy(proc.profile_out, f"/tmp/{proc.name}.pstats")
+                shutil.copy(f"{proc.profile_out}.db", f"/tmp/{proc.name}.db.pstats")
+                continue
             profiles[proc.name] = proc.profile_out.read_text()
     return RoundResult(
         mode, interval, len(clients), check, end - begin, cpu, memory, client_cpu, profiles
@@ -988,7 +1000,34 @@ def serve(options: dict[str, Any], command: list[str]) -> None:
 
         module = importlib.import_module(os.environ["DJANGO_SETTINGS_MODULE"])
         module.DATABASES["default"]["CONN_MAX_AGE"] = options["conn_max_age"]
-    if out := options.get("profile"):
+    if out := options.get("cprofile"):
+        import cProfile
+
+        from asgiref.sync import SyncToAsync
+
+        profiler = cProfile.Profile()
+        db_profiler = cProfile.Profile()  # the database thread's (asgiref's single thread)
+        db_thread = SyncToAsync.single_thread_executor
+
+        def dump_cprofile(*_: Any) -> None:
+            profiler.disable()
+            db_thread.submit(db_profiler.disable).result(10)
+            profiler.dump_stats(out + ".tmp")
+            os.replace(out + ".tmp", out)
+            db_profiler.dump_stats(out + ".db")
+
+        def restart(*_: Any) -> None:
+            profiler.disable()
+            profiler.clear()
+            profiler.enable()
+            db_thread.submit(
+                lambda: (db_profiler.disable(), db_profiler.clear(), db_profiler.enable())
+            )
+
+        signal.signal(signal.SIGUSR1, dump_cprofile)
+        signal.signal(signal.SIGUSR2, restart)
+        profiler.enable()
+    elif out := options.get("profile"):
         sampler = StackSampler()
 
         def dump(*_: Any) -> None:
@@ -1021,7 +1060,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--tokens", type=int, default=300, help="tokens per reply (300)")
     parser.add_argument("--tps", type=float, default=30.0, help="tokens per second (30)")
     parser.add_argument(
-        "--intervals", default="0.2,0.05", help="push intervals to compare (0.2,0.05)"
+        "--intervals", default="0.1", help="push intervals to compare, e.g. 0.1,0.2 (0.1)"
+    )
+    parser.add_argument(
+        "--reply",
+        choices=("markdown", "plain"),
+        default="markdown",
+        help="markdown: paragraphs, lists, bold and code words; plain: one long paragraph",
     )
     parser.add_argument("--modes", default="inprocess,redis", help="inprocess,redis")
     parser.add_argument("--ramp", type=float, default=1.0, help="spread the sends over N s (1)")
@@ -1035,6 +1080,13 @@ def main(argv: list[str]) -> None:
         help="experiment: run the servers with this CONN_MAX_AGE (default: the settings')",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the servers, e.g. LYCEUM_CHECKPOINT_INTERVAL=5",
+    )
     args = parser.parse_args(argv)
     intervals = [float(x) for x in args.intervals.split(",") if x.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -1046,12 +1098,13 @@ def main(argv: list[str]) -> None:
     try:
         with temporary_database(workdir, args.postgres) as db_env:
             setup_django(server_env(db_env, workdir))
-            with fake_upstream(workdir, args.tokens, args.tps) as upstream:
+            with fake_upstream(workdir, args.tokens, args.tps, args.reply) as upstream:
                 seats = create_seats(args.clients + 1, upstream[0])
                 database = "PostgreSQL" if args.postgres else "SQLite"
                 print(
                     f"bench_streams: {args.clients} clients, {args.tokens} tokens at "
-                    f"{args.tps:g}/s, ramp {args.ramp:g} s, {database}, {os.cpu_count()} CPUs, "
+                    f"{args.tps:g}/s ({args.reply}), ramp {args.ramp:g} s, {database}, "
+                    f"{os.cpu_count()} CPUs, "
                     f"load {os.getloadavg()[0]:.2f}"
                     + (
                         f", servers with CONN_MAX_AGE={args.conn_max_age:g}"

@@ -700,18 +700,38 @@ STAMPED_TOKEN_RE = re.compile(r"w(\d+)t(\d{16})")
 
 
 def bench_script(
-    tokens: int, token_delay: float = 0.0, coalesce: bool = True, stamp: bool = False
+    tokens: int,
+    token_delay: float = 0.0,
+    coalesce: bool = True,
+    stamp: bool = False,
+    markdown: bool = False,
 ) -> Script:
-    """A long plain-text reply, e.g. for benchmarks: ``tokens`` chunks of ``"tok<i> "``.
+    """A long reply, e.g. for benchmarks: ``tokens`` chunks of ``"tok<i> "``.
 
     With ``stamp`` the chunks are ``"w<i>t<send time in µs> "`` instead (match them with
     :data:`STAMPED_TOKEN_RE`), so a client can tell when each one left the server.
+    With ``markdown`` the words are shaped like a model's answer: paragraphs of 40
+    words then a short list, every few words bold or inline code.
     """
-    if stamp:
-        pieces = [STAMPED_TOKEN.format(i=i) for i in range(tokens)]
-    else:
-        pieces = [f"tok{i} " for i in range(tokens)]
+    word = STAMPED_TOKEN if stamp else "tok{i} "
+    pieces = [word.format(i=i) for i in range(tokens)]
+    if markdown:
+        pieces = [_markdown_word(i, piece) for i, piece in enumerate(pieces)]
     return Script(tokens=pieces, token_delay=token_delay, coalesce=coalesce, stamp_tokens=stamp)
+
+
+def _markdown_word(index: int, word: str) -> str:
+    core = word.rstrip(" ")
+    if index % 9 == 4:
+        word = f"**{core}** "
+    elif index % 13 == 6:
+        word = f"`{core}` "
+    position = index % 50  # 40 words of paragraph, then 5 list items of 2 words
+    if position >= 40 and position % 2 == 0:
+        word = "\n- " + word
+    if position == 49:
+        word += "\n\n"
+    return word
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -731,13 +751,18 @@ def main(argv: list[str] | None = None) -> None:
         "--stamp", action="store_true", help='tokens "w<i>t<send time µs> " (latency probes)'
     )
     parser.add_argument(
+        "--markdown", action="store_true", help="paragraphs, a list, bold and code words"
+    )
+    parser.add_argument(
         "--record", metavar="FILE", help="append each finished reply to FILE as a JSON line"
     )
     args = parser.parse_args(argv)
     token_delay, coalesce = args.token_delay, not args.no_coalesce
     if args.tokens_per_second > 0:
         token_delay, coalesce = 1.0 / args.tokens_per_second, False
-    default = bench_script(args.tokens, token_delay, coalesce=coalesce, stamp=args.stamp)
+    default = bench_script(
+        args.tokens, token_delay, coalesce=coalesce, stamp=args.stamp, markdown=args.markdown
+    )
     server = FakeOpenAI(host=args.host, port=args.port, default=default)
     record = open(args.record, "a", encoding="utf-8") if args.record else None  # noqa: SIM115
     if record is not None:
