@@ -9,6 +9,7 @@ the renderer cannot carry script, event handlers or dangerous URLs.
 from __future__ import annotations
 
 import html
+import re
 from functools import lru_cache
 
 import nh3
@@ -97,40 +98,108 @@ class StreamingMarkdown:
 
     A streamed reply is pushed several times a second; rendering (and highlighting and
     sanitising) the whole text each time cost O(length) per push. Appending text can
-    only change the last top-level block (a paragraph growing, a list gaining an item,
-    a fence still open), so every top-level block before it is rendered once and kept.
-    The exception is a link reference defined after its use, which the written
-    message (rendered whole) shows right.
+    only change the blocks after the last blank line between top-level blocks (a
+    paragraph growing, a list gaining an item, a fence still open), so every block
+    before that is rendered once and kept.
+    And when what was added is plain words continuing plain words, it goes straight
+    into the last block's HTML without rendering at all. The one difference from
+    rendering the whole text: a link reference defined after its use (the written
+    message, rendered whole, shows it right).
     """
 
     def __init__(self) -> None:
         self._stable_source = ""
         self._stable_html = ""
+        self._tail_source = ""
+        self._tail_html = ""
+        self._insert_at: int | None = None  # where appended words go in _tail_html
+        self._space_first = False  # ... and whether they must start with a space
 
     def render(self, text: str) -> str:
+        done = self._stable_source + self._tail_source
+        if self._insert_at is not None and text.startswith(done):
+            added = text[len(done) :]
+            spaced = added[:1] == " " or done[-1:] == " "
+            if _PLAIN_WORDS.fullmatch(added) and (spaced or not self._space_first):
+                return self._stable_html + self._append_words(added)
         if not text.startswith(self._stable_source):  # not a continuation: start over
             self._stable_source = self._stable_html = ""
         tail = text[len(self._stable_source) :]
         md = _markdown()
         env: dict = {}
         tokens = md.parse(tail, env)
-        last_start = _last_top_level_start(tokens)
-        if last_start:  # blocks before the last one are final
+        last_start = _last_final_boundary(tokens, tail)
+        if last_start:  # the blocks before it are final
             cut = _line_offset(tail, tokens[last_start].map[0])
             self._stable_source += tail[:cut]
             self._stable_html += sanitize_html(
                 md.renderer.render(tokens[:last_start], md.options, env)
             )
-            tokens = tokens[last_start:]
-        return self._stable_html + sanitize_html(md.renderer.render(tokens, md.options, env))
+            tokens, tail = tokens[last_start:], tail[cut:]
+        self._tail_source = tail
+        self._tail_html = sanitize_html(md.renderer.render(tokens, md.options, env))
+        point = _word_insertion_point(tail, self._tail_html)
+        self._insert_at, self._space_first = point if point else (None, False)
+        return self._stable_html + self._tail_html
+
+    def _append_words(self, added: str) -> str:
+        # The block's text ends with the source's last word: markdown drops the spaces
+        # after it, and shows them again once a word follows.
+        source = self._tail_source
+        pending = source[len(source.rstrip(" ")) :]
+        words = (pending + added).rstrip(" ")
+        html, at = self._tail_html, self._insert_at or 0
+        self._tail_html = html[:at] + words + html[at:]
+        self._insert_at = at + len(words)
+        self._space_first = self._space_first and not words
+        self._tail_source = source + added
+        return self._tail_html
 
 
-def _last_top_level_start(tokens) -> int:
-    """Index of the token opening the last top-level block (0 if there is one or none)."""
+# Words and spaces only: nothing markdown or HTML could read as syntax or escape.
+_PLAIN_WORDS = re.compile(r"(?:[^\W_]| )+")
+# A paragraph, list item or heading closing the last block, then its enclosing lists
+# and quotes.
+_BLOCK_END = re.compile(r"</(?:p|li|h[1-6])>\n?(?:</(?:li|ul|ol|blockquote)>\n?)*\Z")
+_CLOSED_SPAN = re.compile(r"</(?:strong|em|code|del|s|a)>\Z")
+
+
+def _word_insertion_point(source: str, html: str) -> tuple[int, bool] | None:
+    """Where words appended to ``source`` go in ``html``, and whether they must start
+    with a space there (None: they must be rendered).
+
+    Only where the block's text ends with the source's last word, or with an inline
+    span the source closed (bold, code, a link): then no delimiter, escape, entity or
+    closing sequence is left open for the words to complete. After a span the words
+    must start with a space: ``__bold__er`` is not bold.
+    """
+    end = source.rstrip(" ")
+    match = _BLOCK_END.search(html) if end else None
+    if match is None:
+        return None
+    before = html[: match.start()]
+    if end[-1].isalnum() and before.endswith(end[-1]):
+        return match.start(), False
+    if _CLOSED_SPAN.search(before):
+        return match.start(), True
+    return None
+
+
+def _last_final_boundary(tokens, source: str) -> int:
+    """Index of the token opening the last block that text added later cannot reach into.
+
+    That is the last top-level block with a blank line before it: text appended to the
+    source can turn its last block into something else (a paragraph growing into a
+    lazy continuation of the list item above it, say), but never across a blank line.
+    0 when there is no such block.
+    """
+    lines = source.split("\n")
     for index in range(len(tokens) - 1, 0, -1):
         token = tokens[index]
         if token.level == 0 and token.nesting >= 0 and token.map is not None:
-            return index
+            start = token.map[0]
+            if start > 0 and not lines[start - 1].strip():
+                return index
     return 0
 
 

@@ -72,3 +72,51 @@ def test_model_output_stays_sanitised_while_streaming():
         html = stream.render(text[:end])
     assert "<img" not in html and 'href="javascript' not in html
     assert "&lt;img src=x onerror=alert(1)&gt;" in html  # shown as text
+
+
+# Pieces a model streams: words (plain ones take the no-render path), spaces, and every
+# piece of syntax that could turn words appended after it into something else.
+PIECES = [
+    "word", "more", "Ünïcode", "日本語", "42", "x1", " ", " ", " ", "  ", "\n", "\n\n",
+    "- ", "* ", "1. ", "2) ", "# ", " #", "## ", "> ", "    ", "```", "~~~", "`", "**", "*",
+    "_", "__", "~~", "[", "](", ")", "![", "<", ">", "&", "&amp", ";", "#", "\\", ".", ",",
+    "|", "---", "===", "-", "=", "+", "\t", "\u00a0", "http://example.com",
+]  # fmt: skip
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    pieces=st.lists(st.sampled_from(PIECES + LINES + ["\n" + line for line in LINES]), max_size=60),
+    cuts=st.lists(st.booleans(), min_size=60, max_size=60),
+)
+def test_streamed_piece_by_piece_every_prefix_renders_as_the_whole_text(pieces, cuts):
+    # Found this way: a list item whose last line grew from "---" (a rule, after the
+    # list) into a lazy continuation of the item; a list item holding only code.
+    stream = StreamingMarkdown()
+    text = ""
+    for piece, push in zip(pieces, cuts, strict=False):
+        text += piece
+        if push:
+            assert stream.render(text) == render_markdown_uncached(text)
+    assert stream.render(text) == render_markdown_uncached(text)
+
+
+def test_plain_words_after_a_word_are_appended_without_rendering(monkeypatch):
+    stream = StreamingMarkdown()
+    text = "Intro with **bold**.\n\n- item one"
+    stream.render(text)
+    parsed: list[str] = []
+    md = rendering._markdown()
+    real_parse = md.parse
+    monkeypatch.setattr(
+        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
+    )
+
+    for word in [" and", " two", "  ", "three "]:
+        text += word
+        html = stream.render(text)
+
+    assert parsed == []
+    monkeypatch.undo()
+    assert html == render_markdown_uncached(text)
+    assert stream.render(text + "*") == render_markdown_uncached(text + "*")  # syntax: rendered
