@@ -45,6 +45,11 @@ Figures (one table per mode, one column per push interval):
 
 ``--profile`` runs Daphne (and the worker) under a sampling profiler (every thread's
 stack every 5 ms, idle waits left out) and prints where their busy time went.
+``--cprofile`` runs them under cProfile instead, in the event loop's thread and in the
+database thread (asgiref's one thread for sync code), and copies the stats to
+``/tmp/<process>.pstats`` and ``/tmp/<process>.db.pstats`` (read them with ``pstats``;
+cProfile slows the servers down about 2x, so compare shares, not times).
+``--set NAME=VALUE`` passes a setting to the servers (e.g. ``LYCEUM_CHECKPOINT_INTERVAL``).
 ``--conn-max-age S`` starts the servers with that ``CONN_MAX_AGE`` (an experiment: the
 settings have no variable for it). ``--workers N`` starts N runworker processes.
 
@@ -181,6 +186,7 @@ class ServeOptions:
 
     profile: bool = False
     conn_max_age: float | None = None  # None: whatever chatsite.settings says
+    cprofile: bool = False  # with profile: cProfile of the main and database threads
 
     @property
     def wrapped(self) -> bool:
@@ -199,7 +205,7 @@ def start_process(
     if options is not None and options.wrapped:
         profile_out = workdir / f"{name}.profile.txt" if options.profile else None
         wrapper = {"profile": str(profile_out) if profile_out else None}
-        if profile_out and os.environ.get("BENCH_CPROFILE"):
+        if profile_out and options.cprofile:
             profile_out = workdir / f"{name}.pstats"
             wrapper = {"cprofile": str(profile_out)}
         wrapper["conn_max_age"] = options.conn_max_age
@@ -728,7 +734,7 @@ def run_round(
     connections.close_all()
     port = free_port()
     daphne_cmd = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"]
-    options = ServeOptions(args.profile, args.conn_max_age)
+    options = ServeOptions(args.profile or args.cprofile, args.conn_max_age, args.cprofile)
     procs = [start_process(f"daphne-{mode}-{interval}", daphne_cmd, env, workdir, options)]
     try:
         if mode == "redis":
@@ -1073,6 +1079,11 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--postgres", action="store_true", help="PostgreSQL instead of SQLite")
     parser.add_argument("--workers", type=int, default=1, help="runworker processes (1)")
     parser.add_argument("--profile", action="store_true", help="sample the server processes")
+    parser.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="cProfile the servers' main and database threads; pstats files go to /tmp",
+    )
     parser.add_argument(
         "--conn-max-age",
         type=float,
