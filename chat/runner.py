@@ -245,6 +245,8 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     host = runs.DjangoRunHost(prepared.run, prepared.context)
     _hosts[run_id] = host
     host.grants = prepared.grants
+    agent = prepared.chat.agent
+    host.agent_prompt = agent.system_prompt if agent else ""
     # One main assistant message per iteration, so a resumed leg's stream rounds
     # continue after the earlier leg's.
     host.round = prepared.run.iteration
@@ -376,6 +378,7 @@ def _check_in(run_id: str, beat: bool) -> bool:
 
 async def _end(host, loop: AgentLoop, how: str, category=None, message: str = "") -> None:
     host.stop_pushing()  # a snapshot due now would land after the reply's end
+    await host.write_events()  # what the run announced comes before its end
     text, reasoning = loop.partial_text, loop.partial_reasoning
     usage = loop.usage()
     if how == "completed":

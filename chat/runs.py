@@ -39,6 +39,12 @@ MAX_MESSAGE_CHARS = 32_000
 TITLE_CHARS = 50
 LIVE = [Run.Status.RUNNING, Run.Status.WAITING]
 DISPATCH_GRACE = timedelta(seconds=45)
+# Announcements of a reply starting, which the page can show a moment later: written
+# together (with whatever comes next, or after the delay), one transaction and one
+# doorbell instead of one each, which a hundred replies starting at once queued up on
+# the process's one database thread.
+BATCHED_EVENTS = (ev.RunStart, ev.IterationStart, ev.ContextUsage)
+EVENT_BATCH_DELAY = 0.05
 
 
 class ActionError(Exception):
@@ -475,11 +481,14 @@ class DjangoRunHost:
         self.last_push = 0.0
         self.last_checkpoint = time.monotonic()
         self.grants: set[str] = set()
-        self.agent_prompt = ""
+        self.agent_prompt = ""  # the chat's agent's, as the run started (set by the runner)
         self.partial = ("", "")
         self._checkpointing: asyncio.Task | None = None
         self.markdown = StreamingMarkdown()
         self._push_due: asyncio.TimerHandle | _PushAfterCurrent | None = None
+        self._unwritten: list[tuple[ev.RunEvent, dict[str, Any]]] = []
+        self._events_due: asyncio.TimerHandle | None = None
+        self._writing: asyncio.Future | None = None
         self._pushing: asyncio.Future | None = None
 
     # RunHost protocol ------------------------------------------------------------------
@@ -487,15 +496,50 @@ class DjangoRunHost:
     async def emit(self, event: ev.RunEvent) -> None:
         if not event.persisted:
             return
-        payload = _stamp(event, self.run)
-        rows = await database_sync_to_async(self._append_event)(event, payload)
+        self._unwritten.append((event, _stamp(event, self.run)))
+        if isinstance(event, BATCHED_EVENTS):
+            if self._events_due is None:
+                loop = asyncio.get_running_loop()
+                self._events_due = loop.call_later(EVENT_BATCH_DELAY, self._write_events_later)
+            return
+        await self.write_events()
+
+    def _write_events_later(self) -> None:
+        self._events_due = None
+        self._writing = asyncio.ensure_future(self._write_events_quietly())
+
+    async def _write_events_quietly(self) -> None:
+        try:
+            await self.write_events()
+        except Exception:  # noqa: BLE001 - the next write retries these events first
+            logger.warning("events of run %s not written yet", self.run.pk, exc_info=True)
+
+    async def write_events(self) -> None:
+        """Write the events emitted so far, in order, in one transaction; ring once.
+
+        Everything else the run writes to the log comes after them: callers writing
+        messages or the run's end call this first (the database thread runs jobs in
+        the order they were handed over, so a batch taken earlier is written earlier).
+        """
+        if self._events_due is not None:
+            self._events_due.cancel()
+            self._events_due = None
+        batch, self._unwritten = self._unwritten, []
+        if not batch:
+            return
+        try:
+            rows = await database_sync_to_async(self._append_events)(batch)
+        except BaseException:
+            self._unwritten[:0] = batch
+            raise
         await aring(self.chat_id, events_doorbell(rows[-1].seq))
 
-    def _append_event(self, event: ev.RunEvent, payload: dict[str, Any]):
+    def _append_events(self, batch: list[tuple[ev.RunEvent, dict[str, Any]]]):
         with transaction.atomic():
-            rows = store.append_display(self.chat_id, [payload])
-            if isinstance(event, ev.IterationStart):
-                Run.objects.filter(pk=self.run.pk).update(iteration=event.iteration)
+            rows = store.append_display(self.chat_id, [payload for _event, payload in batch])
+            iterations = [e.iteration for e, _p in batch if isinstance(e, ev.IterationStart)]
+            if iterations:
+                Run.objects.filter(pk=self.run.pk).update(iteration=iterations[-1])
         return rows
 
     def take_new_display(self) -> list[ChatMessage]:
@@ -517,6 +561,7 @@ class DjangoRunHost:
         return new_display
 
     async def commit(self) -> None:
+        await self.write_events()
         last_seq = await database_sync_to_async(self._commit)(self.take_new_display())
         if last_seq:
             await aring(self.chat_id, events_doorbell(last_seq))
@@ -565,11 +610,16 @@ class DjangoRunHost:
 
     def stop_pushing(self) -> None:
         """Drop a snapshot still due: the reply it would show is written, or the run ended."""
+        if self._events_due is not None:  # the run's end writes them (or they go with it)
+            self._events_due.cancel()
+            self._events_due = None
         if self._push_due is not None:
             self._push_due.cancel()
             self._push_due = None
 
     async def push_stream(self) -> None:
+        if self._unwritten:  # the run's start reaches the page (and the API) first
+            await self.write_events()
         text, reasoning = self.partial
         run_id = str(self.run.pk)
         # Rendered here, once, for every subscriber (and in the worker, when runs run
@@ -618,13 +668,8 @@ class DjangoRunHost:
         return [QueuedText(r.content, r.display_seq or 0) for r in rows]
 
     async def system_prompt(self) -> str:
-        agent_prompt = await database_sync_to_async(self._agent_prompt)()
         today = timezone.now().strftime("%A %d %B %Y")
-        return f"{agent_prompt}\n\nToday is {today}.".strip()
-
-    def _agent_prompt(self) -> str:
-        chat = ChatSession.objects.select_related("agent").get(pk=self.chat_id)
-        return chat.agent.system_prompt if chat.agent else ""
+        return f"{self.agent_prompt}\n\nToday is {today}.".strip()
 
     async def restore_context(self, messages: list[ChatMessage]) -> None:
         await database_sync_to_async(store.restore_context)(self.chat_id, messages)
@@ -632,6 +677,7 @@ class DjangoRunHost:
 
     async def suspend(self, message: ChatMessage, pending: list[ToolCall], usage) -> None:
         self.usage = usage
+        await self.write_events()
         await database_sync_to_async(self._suspend)(message, pending)
 
     def _suspend(self, message: ChatMessage, pending: list[ToolCall]) -> None:

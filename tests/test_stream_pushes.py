@@ -7,7 +7,8 @@ import asyncio
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import runs
+from chat import runs, store
+from chat.agent import events as ev
 from chat.models import Run
 from chat.rendering import render_markdown_uncached
 
@@ -84,3 +85,42 @@ async def test_pushes_do_not_overlap_and_the_one_waiting_goes_out_after(host, mo
     release.set()
     await asyncio.sleep(0.05)
     assert [m["text"] for m in host.pushed] == ["one", "one two"]
+
+
+def _kinds(chat_id) -> list[str]:
+    return [e.kind for e in store.display_events_after(chat_id, 0, 100)]
+
+
+async def test_a_reply_starting_is_written_in_one_go_with_one_doorbell(host):
+    await host.emit(ev.RunStart(model="demo-fast"))
+    await host.emit(ev.IterationStart(iteration=1, max_iterations=12))
+    await host.emit(ev.ContextUsage(tokens=10, context_window=1000))
+    assert await database_sync_to_async(_kinds)(host.chat_id) == []  # not yet
+
+    await asyncio.sleep(runs.EVENT_BATCH_DELAY + 0.1)
+
+    kinds = await database_sync_to_async(_kinds)(host.chat_id)
+    assert kinds[-3:] == ["run_start", "iteration_start", "context_usage"]
+    assert [m["type"] for m in host.pushed] == ["chat.events"]
+    run = await Run.objects.aget(pk=host.run.pk)
+    assert run.iteration == 1
+
+
+async def test_anything_else_the_run_writes_comes_after_what_it_announced(host):
+    await host.emit(ev.RunStart(model="demo-fast"))
+    await host.emit(ev.ToolStart(call_id="c1", name="calculator", input={}))
+    await host.stream_update("Hello", "")
+    await asyncio.sleep(0.02)
+
+    kinds = await database_sync_to_async(_kinds)(host.chat_id)
+    assert kinds[-2:] == ["run_start", "tool_start"]
+    assert [m["type"] for m in host.pushed] == ["chat.events", "chat.stream"]
+
+
+async def test_the_first_snapshot_waits_for_the_announcements(host):
+    await host.emit(ev.RunStart(model="demo-fast"))
+    await host.stream_update("Hello", "")
+    await asyncio.sleep(0.02)
+
+    assert await database_sync_to_async(_kinds)(host.chat_id) == ["run_start"]
+    assert [m["type"] for m in host.pushed] == ["chat.events", "chat.stream"]
