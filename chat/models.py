@@ -154,7 +154,15 @@ class Run(models.Model):
     pending_message = models.JSONField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["chat", "status"], name="run_chat_status")]
+        indexes = [
+            models.Index(fields=["chat", "status"], name="run_chat_status"),
+            # The runs no process has claimed yet (runner.unclaimed_runs): a handful.
+            models.Index(
+                fields=["started_at"],
+                name="run_unclaimed",
+                condition=models.Q(status="running", claimed=False),
+            ),
+        ]
         constraints = [
             # One live run per chat: the database enforces it, not just the code.
             models.UniqueConstraint(

@@ -42,6 +42,7 @@ WATCH_INTERVAL = 0.5
 HEARTBEAT_INTERVAL = 2.0
 STALE_AFTER = timedelta(seconds=15)  # the default of settings.LYCEUM_RUN_STALE_SECONDS
 SWEEP_INTERVAL = 5.0
+CLAIM_EXTRA_RUNS = 20  # runs a worker takes along with the one it was handed
 
 _tasks: dict[str, asyncio.Task] = {}
 _hosts: dict[str, runs.DjangoRunHost] = {}  # runs executing in this process
@@ -63,6 +64,12 @@ async def dispatch(run_id: str | None, *, resume: bool = False) -> None:
     else:
         start_local(str(run_id), resume=resume)
         ensure_sweeper()
+
+
+def unclaimed_runs(limit: int) -> list[str]:
+    """Runs handed to the workers that no process has claimed yet, oldest first."""
+    waiting = Run.objects.filter(status=Run.Status.RUNNING, claimed=False).order_by("started_at")
+    return [str(pk) for pk in waiting.values_list("pk", flat=True)[:limit]]
 
 
 def start_local(run_id: str, *, resume: bool = False) -> asyncio.Task:
@@ -512,3 +519,9 @@ class RunWorkerConsumer(DirectDispatch, AsyncConsumer):
     async def run_execute(self, message: dict) -> None:
         # Returns at once: the consumer handles one message at a time, runs go on as tasks.
         start_local(str(message["run_id"]), resume=bool(message.get("resume")))
+        # A hundred sends at once otherwise waited for the channel layer to hand their
+        # runs over one by one (several Redis round trips each, behind every stream this
+        # worker already runs): the last started 20 s late. A run's own message, when
+        # it comes, finds it claimed and does nothing.
+        for run_id in await database_sync_to_async(unclaimed_runs)(CLAIM_EXTRA_RUNS):
+            start_local(run_id, resume=True)  # resume: only if it waits with a decision
