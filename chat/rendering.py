@@ -101,8 +101,9 @@ class StreamingMarkdown:
     only change the blocks after the last blank line between top-level blocks (a
     paragraph growing, a list gaining an item, a fence still open), so every block
     before that is rendered once and kept.
-    And when what was added is plain words continuing plain words, it goes straight
-    into the last block's HTML without rendering at all. The one difference from
+    And when what was added is plain words (or whole bold, italic or code spans of
+    them) continuing the last block's text, it goes straight into that block's HTML
+    without rendering at all. The one difference from
     rendering the whole text: a link reference defined after its use (the written
     message, rendered whole, shows it right).
     """
@@ -119,8 +120,7 @@ class StreamingMarkdown:
         done = self._stable_source + self._tail_source
         if self._insert_at is not None and text.startswith(done):
             added = text[len(done) :]
-            spaced = added[:1] == " " or done[-1:] == " "
-            if _PLAIN_WORDS.fullmatch(added) and (spaced or not self._space_first):
+            if self._appendable(added, done):
                 return self._stable_html + self._append_words(added)
         if not text.startswith(self._stable_source):  # not a continuation: start over
             self._stable_source = self._stable_html = ""
@@ -142,22 +142,49 @@ class StreamingMarkdown:
         self._insert_at, self._space_first = point if point else (None, False)
         return self._stable_html + self._tail_html
 
+    def _appendable(self, added: str, done: str) -> bool:
+        if not _WORDS_AND_SPANS.fullmatch(added):
+            return False
+        spaced = added[0] == " " or done[-1:] == " "
+        if (added[0] in "*`" or self._space_first) and not spaced:
+            return False  # a span must not touch the text before it
+        if "*" not in added and "`" not in added:
+            return True
+        # An unmatched delimiter shown as text could pair with a new span's.
+        return "*" not in self._tail_html and "`" not in self._tail_html
+
     def _append_words(self, added: str) -> str:
-        # The block's text ends with the source's last word: markdown drops the spaces
-        # after it, and shows them again once a word follows.
+        # The block's text ends with the source's last word (or span): markdown drops
+        # the spaces after it, and shows them again once a word follows.
         source = self._tail_source
         pending = source[len(source.rstrip(" ")) :]
         words = (pending + added).rstrip(" ")
+        html_words = _SPAN.sub(_span_html, words)
         html, at = self._tail_html, self._insert_at or 0
-        self._tail_html = html[:at] + words + html[at:]
-        self._insert_at = at + len(words)
-        self._space_first = self._space_first and not words
+        self._tail_html = html[:at] + html_words + html[at:]
+        self._insert_at = at + len(html_words)
+        if words:
+            self._space_first = words[-1] in "*`"
         self._tail_source = source + added
         return self._tail_html
 
 
-# Words and spaces only: nothing markdown or HTML could read as syntax or escape.
-_PLAIN_WORDS = re.compile(r"(?:[^\W_]| )+")
+# Words (letters and digits) and spaces, and whole bold, italic or code spans of words
+# standing apart from what is around them: nothing markdown or HTML could read another
+# way, or that could change what came before.
+# (Possessive quantifiers: each piece starts with a different kind of character, so the
+# match is linear, never backtracking.)
+_WORDS = r"[^\W_]++(?: ++[^\W_]++)*+"
+_SPAN = re.compile(rf"\*\*({_WORDS})\*\*|\*({_WORDS})\*|`({_WORDS})`")
+_WORDS_AND_SPANS = re.compile(rf"(?: ++|[^\W_]++|(?<![^ ])(?:{_SPAN.pattern})(?![^ ]))++")
+_SPAN_TAGS = ("strong", "em", "code")
+
+
+def _span_html(match: re.Match) -> str:
+    index = next(i for i, group in enumerate(match.groups()) if group is not None)
+    tag = _SPAN_TAGS[index]
+    return f"<{tag}>{match.group(index + 1)}</{tag}>"
+
 # A paragraph, list item or heading closing the last block, then its enclosing lists
 # and quotes.
 _BLOCK_END = re.compile(r"</(?:p|li|h[1-6])>\n?(?:</(?:li|ul|ol|blockquote)>\n?)*\Z")

@@ -81,6 +81,7 @@ PIECES = [
     "- ", "* ", "1. ", "2) ", "# ", " #", "## ", "> ", "    ", "```", "~~~", "`", "**", "*",
     "_", "__", "~~", "[", "](", ")", "![", "<", ">", "&", "&amp", ";", "#", "\\", ".", ",",
     "|", "---", "===", "-", "=", "+", "\t", "\u00a0", "http://example.com",
+    " **bold words**", "**bold**", " *it*", "*it*", " `code`", "`a b`", " **", "** ", " `",
 ]  # fmt: skip
 
 
@@ -101,7 +102,7 @@ def test_streamed_piece_by_piece_every_prefix_renders_as_the_whole_text(pieces, 
     assert stream.render(text) == render_markdown_uncached(text)
 
 
-def test_plain_words_after_a_word_are_appended_without_rendering(monkeypatch):
+def test_words_and_whole_spans_after_a_word_are_appended_without_rendering(monkeypatch):
     stream = StreamingMarkdown()
     text = "Intro with **bold**.\n\n- item one"
     stream.render(text)
@@ -112,7 +113,7 @@ def test_plain_words_after_a_word_are_appended_without_rendering(monkeypatch):
         md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
     )
 
-    for word in [" and", " two", "  ", "three "]:
+    for word in [" and", " two", "  ", "three ", "**bold**", " `code`", " *it* ", "end"]:
         text += word
         html = stream.render(text)
 
