@@ -185,6 +185,7 @@ def _span_html(match: re.Match) -> str:
     tag = _SPAN_TAGS[index]
     return f"<{tag}>{match.group(index + 1)}</{tag}>"
 
+
 # A paragraph, list item or heading closing the last block, then its enclosing lists
 # and quotes.
 _BLOCK_END = re.compile(r"</(?:p|li|h[1-6])>\n?(?:</(?:li|ul|ol|blockquote)>\n?)*\Z")
