@@ -189,7 +189,8 @@ def _span_html(match: re.Match) -> str:
 # A paragraph, list item or heading closing the last block, then its enclosing lists
 # and quotes.
 _BLOCK_END = re.compile(r"</(?:p|li|h[1-6])>\n?(?:</(?:li|ul|ol|blockquote)>\n?)*\Z")
-_CLOSED_SPAN = re.compile(r"</(?:strong|em|code|del|s|a)>\Z")
+_CLOSED_SPAN = re.compile(r"</(strong|em|code|del|s|a)>\Z")
+_SPAN_CLOSERS = {"strong": "*_", "em": "*_", "code": "`", "del": "~", "s": "~", "a": ")]>"}
 
 
 def _word_insertion_point(source: str, html: str) -> tuple[int, bool] | None:
@@ -197,8 +198,8 @@ def _word_insertion_point(source: str, html: str) -> tuple[int, bool] | None:
     with a space there (None: they must be rendered).
 
     Only where the block's text ends with the source's last word, or with an inline
-    span the source closed (bold, code, a link): then no delimiter, escape, entity or
-    closing sequence is left open for the words to complete. After a span the words
+    span (bold, code, a link) whose closing delimiter ends the source: then no
+    delimiter, escape, entity or closing sequence is left open for the words to complete. After a span the words
     must start with a space: ``__bold__er`` is not bold.
     """
     end = source.rstrip(" ")
@@ -208,7 +209,10 @@ def _word_insertion_point(source: str, html: str) -> tuple[int, bool] | None:
     before = html[: match.start()]
     if end[-1].isalnum() and before.endswith(end[-1]):
         return match.start(), False
-    if _CLOSED_SPAN.search(before):
+    span = _CLOSED_SPAN.search(before)
+    # ... and the source ends with that span's closing delimiter, not with a line of
+    # its own after it (a setext underline, a line break).
+    if span and end[-1] in _SPAN_CLOSERS[span.group(1)]:
         return match.start(), True
     return None
 

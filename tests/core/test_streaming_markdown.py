@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from chat import rendering
@@ -28,6 +28,8 @@ LINES = [
     steps=st.lists(st.integers(min_value=1, max_value=60), max_size=40),
     final_newline=st.booleans(),
 )
+# A link, then a line "-" (a setext underline) that grows into a list item.
+@example(lines=["[link](http://example.com)", "- item"], steps=[1, 27, 2], final_newline=False)
 def test_every_prefix_renders_as_the_whole_text_would(lines, steps, final_newline):
     text = "\n".join(lines) + ("\n" if final_newline else "")
     stream = StreamingMarkdown()
@@ -90,9 +92,15 @@ PIECES = [
     pieces=st.lists(st.sampled_from(PIECES + LINES + ["\n" + line for line in LINES]), max_size=60),
     cuts=st.lists(st.booleans(), min_size=60, max_size=60),
 )
+# Words after a line break that follows a bold span.
+@example(
+    pieces=["word", " **bold words**", "\n", "  indented continuation", "word"],
+    cuts=[False, True, True, False, True] + [False] * 55,
+)
 def test_streamed_piece_by_piece_every_prefix_renders_as_the_whole_text(pieces, cuts):
     # Found this way: a list item whose last line grew from "---" (a rule, after the
-    # list) into a lazy continuation of the item; a list item holding only code.
+    # list) into a lazy continuation of the item; a list item holding only code; words
+    # appended after a span when the source had moved on to a new line since.
     stream = StreamingMarkdown()
     text = ""
     for piece, push in zip(pieces, cuts, strict=False):
