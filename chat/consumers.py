@@ -281,7 +281,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         if run.status == Run.Status.WAITING:
             # Nothing is being written while the run waits for the user's approval:
             # an empty slot, not a typing indicator (as the live page shows it).
-            await self.send(text_data=live.stream_slot() + live.controls(True, self.chat_id))
+            await self.send(text_data=live.idle_stream_slot() + live.controls(True, self.chat_id))
             return
         text, reasoning = runner.local_partial(str(run.pk)) or (
             run.partial_text,

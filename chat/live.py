@@ -8,6 +8,7 @@ Rendering uses the same partials as the full page.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,6 +45,12 @@ def controls(busy: bool, chat_id: str) -> str:
 def stream_slot(run_id: str = "", text_html: str = "", reasoning: str = "") -> str:
     """The reply being written; ``text_html`` is its rendered, sanitised markdown."""
     return _oob("chat/_stream.html", run_id=run_id, text_html=text_html, reasoning=reasoning)
+
+
+@lru_cache(maxsize=1)
+def idle_stream_slot() -> str:
+    """The empty slot (nothing being written), pushed after every written reply."""
+    return stream_slot()
 
 
 def partial_stream_slot(run_id: str, text: str, reasoning: str) -> str:
@@ -113,7 +120,7 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             items_html.append(display.render_item(item))
             if _is_main_reply(event) or event.kind in TERMINAL:
                 flush_items()
-                parts.append(stream_slot())
+                parts.append(idle_stream_slot())
             if event.kind == "model_switched":
                 parts.append(
                     _oob(

@@ -152,6 +152,20 @@ class _StreamProtocol(asyncio.Protocol):
             waiter.set_result(None)
 
 
+async def _wait(
+    waiter: asyncio.Future[None], timeout: float | None, timeout_error: type[Exception]
+) -> None:
+    """Wait for ``waiter``; past ``timeout`` raise httpcore's ``timeout_error``."""
+    if timeout is None:
+        await waiter
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await waiter
+    except TimeoutError as exc:
+        raise timeout_error(exc) from exc
+
+
 class AsyncioStream(httpcore.AsyncNetworkStream):
     """One TCP (or TLS) connection as httpcore sees it."""
 
@@ -190,13 +204,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
                 raise RuntimeError("another task is already reading from this stream")
             waiter = protocol.read_waiter = asyncio.get_running_loop().create_future()
             try:
-                if timeout is None:
-                    await waiter
-                else:
-                    async with asyncio.timeout(timeout):
-                        await waiter
-            except TimeoutError as exc:
-                raise httpcore.ReadTimeout(exc) from exc
+                await _wait(waiter, timeout, httpcore.ReadTimeout)
             finally:
                 protocol.read_waiter = None
         # Like anyio: bytes that arrived before a close or an error are still delivered.
@@ -227,13 +235,7 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             return
         waiter = protocol.drain_waiter = asyncio.get_running_loop().create_future()
         try:
-            if timeout is None:
-                await waiter
-            else:
-                async with asyncio.timeout(timeout):
-                    await waiter
-        except TimeoutError as exc:
-            raise httpcore.WriteTimeout(exc) from exc
+            await _wait(waiter, timeout, httpcore.WriteTimeout)
         finally:
             protocol.drain_waiter = None
         if protocol.exception is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from chat.core.messages import ChatMessage, Image, ToolCall, assistant, tool_result, user
+from chat.llm import netbackend
 from chat.llm.openai import OpenAIProvider, build_payload, scrub_secret, to_openai_messages
 from chat.llm.retry import (
     RETRY_AFTER_CAP,
@@ -746,3 +747,33 @@ def test_fake_server_serves_other_threads_and_sync_clients():
     assert body.startswith("data: ") and body.rstrip().endswith("data: [DONE]")
     assert [m["id"] for m in models["data"]] == ["fake-model", "fake-reasoner"]
     assert server.disconnects == []
+
+
+# --- paced reads ------------------------------------------------------------------------
+
+
+async def test_paced_reads_take_the_tokens_in_a_few_reads_and_lose_none(fake_openai, monkeypatch):
+    """read_interval: one network read per interval carries every token that came since."""
+    words = [f"w{i} " for i in range(40)]
+    fake_openai.enqueue(Script(tokens=words, token_delay=0.005))  # 0.2 s of tokens
+    fake_openai.enqueue(Script(text="Second reply"))
+    reads: list[int] = []
+    real_read = netbackend.AsyncioStream.read
+
+    async def counted_read(self, max_bytes, timeout=None):
+        data = await real_read(self, max_bytes, timeout)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(netbackend.AsyncioStream, "read", counted_read)
+    provider = make_provider(fake_openai, read_interval=0.05)
+    try:
+        chunks, error = await collect(provider)
+        assert error is None
+        assert text_of(chunks) == "".join(words)
+        assert sum(1 for size in reads if size) <= 10  # not one read per token
+        # The connection went back to the pool reading as usual: the next reply is whole.
+        again, error = await collect(provider)
+        assert error is None and text_of(again) == "Second reply"
+    finally:
+        await provider.aclose()
