@@ -1,10 +1,11 @@
 """Executes runs: in the web process (default) or in ``runworker`` processes over Redis.
 
 A run is an asyncio task beside a watcher. The watcher listens for cancel on the
-channel layer (and, as the fallback, polls the database flag), enforces the hang
-guard (time spent waiting for the user does not count: a waiting run has no
-task), and writes a heartbeat so another process can tell a dead run from a
-slow one. Exactly one terminal state is written per run, guarded in the database.
+channel layer and enforces the hang guard (time spent waiting for the user does not
+count: a waiting run has no task). The process's keeper (``chat.keeper``) checkpoints
+the reply, writes the heartbeat that tells a dead run from a slow one, and reads the
+cancel flag as the fallback for a lost doorbell. Exactly one terminal state is written
+per run, guarded in the database.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from chat.agent.tools import ToolRegistry, default_registry
 from chat.agent.workspace import Workspace
 from chat.core.messages import ChatMessage
 from chat.dispatch import DirectDispatch
+from chat.keeper import KeptRun, keeper
 from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError, Usage
 from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chat.providers import ResolvedModel, UnknownModel, resolve_model
@@ -39,7 +41,6 @@ from chat.providers import ResolvedModel, UnknownModel, resolve_model
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.5
-HEARTBEAT_INTERVAL = 2.0
 STALE_AFTER = timedelta(seconds=15)  # the default of settings.LYCEUM_RUN_STALE_SECONDS
 SWEEP_INTERVAL = 5.0
 CLAIM_EXTRA_RUNS = 20  # runs a worker takes along with the one it was handed
@@ -111,6 +112,7 @@ async def stop_all() -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    await keeper().stop()
     _tasks.clear()
     _hosts.clear()
 
@@ -288,7 +290,8 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
         body = asyncio.create_task(
             loop.run(resume=prepared.resume, first_iteration=run.iteration + 1)
         )
-    watcher = asyncio.create_task(_watch(run_id, body))
+    kept = keeper().keep(run_id, lambda: host.partial)
+    watcher = asyncio.create_task(_watch(run_id, body, kept))
     outcome = None
     try:
         outcome = await body
@@ -313,6 +316,7 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     finally:
         watcher.cancel()
         host.stop_pushing()
+        keeper().release(run_id)
         _hosts.pop(run_id, None)
     await _start_next(prepared.chat)
 
@@ -326,37 +330,29 @@ async def _compact_only(loop: AgentLoop) -> LoopOutcome:
     return LoopOutcome("completed")
 
 
-async def _watch(run_id: str, body: asyncio.Task) -> str:
-    """Cancel ``body`` on a cancel request or when the hang guard fires; say which."""
+async def _watch(run_id: str, body: asyncio.Task, kept: KeptRun) -> str:
+    """Cancel ``body`` on a cancel request or when the hang guard fires; say which.
+
+    The cancel doorbell stops the run at once; the keeper's reading of the database
+    flag (once per checkpoint interval, for all runs) is the fallback when it was lost.
+    """
     layer = get_channel_layer()
     channel = await layer.new_channel()
     group = runs.run_control_group(run_id)
     await layer.group_add(group, channel)
-    started = last_db_check = last_beat = time.monotonic()
+    started = time.monotonic()
     try:
         while not body.done():
             try:
                 message = await asyncio.wait_for(layer.receive(channel), WATCH_INTERVAL)
             except TimeoutError:
                 message = None
-            now = time.monotonic()
-            if message and message.get("type") == "run.cancel":
+            if (message and message.get("type") == "run.cancel") or kept.cancel_requested.is_set():
                 body.cancel()
                 return "cancel"
-            if now - started > settings.LYCEUM_RUN_GUARD_SECONDS:
+            if time.monotonic() - started > settings.LYCEUM_RUN_GUARD_SECONDS:
                 body.cancel()
                 return "guard"
-            # The database is the fallback for a lost cancel doorbell: read it only with
-            # the heartbeat (one statement per run every 2 s, not two a second; with 100
-            # runs the polling alone kept the process's one database thread busy).
-            if now - last_db_check >= HEARTBEAT_INTERVAL:
-                last_db_check = now
-                beat = now - last_beat >= HEARTBEAT_INTERVAL
-                if beat:
-                    last_beat = now
-                if await database_sync_to_async(_check_in)(run_id, beat):
-                    body.cancel()
-                    return "cancel"
         return "done"
     finally:
         await layer.group_discard(group, channel)
@@ -368,19 +364,6 @@ async def _watcher_reason(watcher: asyncio.Task) -> str:
     except Exception:  # noqa: BLE001 - a broken doorbell still ends the run as cancelled
         logger.warning("run watcher failed", exc_info=True)
         return "cancel"
-
-
-def _check_in(run_id: str, beat: bool) -> bool:
-    """Write a heartbeat when due; True when cancel was requested."""
-    if beat:
-        # One statement in the usual case: no heartbeat written means a cancel (or a
-        # vanished row), which the query below tells apart.
-        beaten = Run.objects.filter(pk=run_id, cancel_requested=False).update(
-            heartbeat_at=timezone.now()
-        )
-        if beaten:
-            return False
-    return Run.objects.filter(pk=run_id, cancel_requested=True).exists()
 
 
 async def _end(host, loop: AgentLoop, how: str, category=None, message: str = "") -> None:

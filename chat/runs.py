@@ -479,11 +479,9 @@ class DjangoRunHost:
         self.display_written = 0
         self.round = 0
         self.last_push = 0.0
-        self.last_checkpoint = time.monotonic()
         self.grants: set[str] = set()
         self.agent_prompt = ""  # the chat's agent's, as the run started (set by the runner)
         self.partial = ("", "")
-        self._checkpointing: asyncio.Task | None = None
         self.markdown = StreamingMarkdown()
         self._push_due: asyncio.TimerHandle | _PushAfterCurrent | None = None
         self._unwritten: list[tuple[ev.RunEvent, dict[str, Any]]] = []
@@ -578,15 +576,9 @@ class DjangoRunHost:
         return rows[-1].seq if rows else 0
 
     async def stream_update(self, text: str, reasoning: str) -> None:
-        self.partial = (text, reasoning)
-        now = time.monotonic()
-        if now - self.last_checkpoint >= settings.LYCEUM_CHECKPOINT_INTERVAL:
-            self.last_checkpoint = now
-            # In the background: the stream must not wait for the database (all DB calls
-            # of a process share one thread; a busy one stalled every stream each second).
-            if self._checkpointing is None or self._checkpointing.done():
-                self._checkpointing = asyncio.create_task(self._checkpoint_quietly())
+        self.partial = (text, reasoning)  # the keeper checkpoints it (chat.keeper)
         if self._push_due is None:
+            now = time.monotonic()
             # Coalesced: text arriving before the push is due goes out in that push, so
             # no text waits longer than one interval, and a quiet stream is pushed at once.
             wait = max(0.0, self.last_push + settings.LYCEUM_STREAM_PUSH_INTERVAL - now)
@@ -636,20 +628,6 @@ class DjangoRunHost:
                 "html": html,
                 "sent_at": time.time(),
             },
-        )
-
-    async def _checkpoint_quietly(self) -> None:
-        try:
-            await database_sync_to_async(self.checkpoint)()
-        except Exception:  # noqa: BLE001 - a missed checkpoint only loses crash-recovery text
-            logger.warning("checkpoint of run %s failed", self.run.pk, exc_info=True)
-
-    def checkpoint(self) -> None:
-        text, reasoning = self.partial
-        # Only while running: a late background checkpoint must not refill a run that
-        # has ended or is waiting for approval.
-        Run.objects.filter(pk=self.run.pk, status=Run.Status.RUNNING).update(
-            partial_text=text, partial_reasoning=reasoning, checkpoint_at=timezone.now()
         )
 
     async def take_queued(self) -> list[QueuedText]:

@@ -272,6 +272,61 @@ async def test_the_partial_reply_is_checkpointed_while_streaming(alice, agent, r
     await adb(check_chat)(chat)
 
 
+@pytest.mark.persistence
+async def test_a_cancel_whose_doorbell_was_lost_still_stops_the_run(
+    alice, agent, runtime, fake_model
+):
+    fake_model.enqueue(Script(tokens=[f"tok{i} " for i in range(400)], token_delay=0.02))
+    chat = await new_chat(alice, "fake-model")
+    sent = await send(alice, chat, "a long one please")
+    await until(lambda: run_row(sent.run_id).partial_text)
+
+    # The flag alone, as when the run.cancel message never reached this process.
+    await adb(Run.objects.filter(pk=sent.run_id).update)(cancel_requested=True)
+    await settle(timeout=3.0)
+
+    run = await adb(run_row)(sent.run_id)
+    assert run.status == Run.Status.CANCELLED
+    assert terminal_of(await adb(display)(chat), run.pk)["partial_text"] == run.partial_text
+    await adb(check_chat)(chat)
+
+
+@pytest.mark.persistence
+def test_the_bookkeeping_of_many_runs_is_one_transaction_of_three_statements(alice, agent):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from chat.keeper import Checkpoint, keep_runs
+
+    chats = [runs.new_chat(alice) for _ in range(30)]
+    running = [_running_run(chat, partial="", heartbeat_age=600) for chat in chats[:28]]
+    waiting = _running_run(chats[28], partial="Kept", heartbeat_age=600)
+    Run.objects.filter(pk=waiting.pk).update(status=Run.Status.WAITING)
+    cancelled = _running_run(chats[29], partial="", heartbeat_age=600)
+    Run.objects.filter(pk=cancelled.pk).update(cancel_requested=True)
+    everyone = [*running, waiting, cancelled]
+    checkpoints = [
+        Checkpoint(str(run.pk), f"Reply {i}", f"Thought {i}") for i, run in enumerate(everyone)
+    ]
+
+    with CaptureQueriesContext(connection) as queries:
+        asked_to_cancel = keep_runs([str(run.pk) for run in everyone], checkpoints)
+
+    assert asked_to_cancel == {str(cancelled.pk)}
+    control = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
+    statements = [q["sql"] for q in queries if not q["sql"].startswith(control)]
+    assert len(statements) == 3, statements  # checkpoints (one executemany), beats, cancels
+    for i, run in enumerate(running):
+        run.refresh_from_db()
+        assert (run.partial_text, run.partial_reasoning) == (f"Reply {i}", f"Thought {i}")
+        assert timezone.now() - run.heartbeat_at < timedelta(seconds=5)
+        assert run.checkpoint_at is not None
+    # A run that stopped running (waiting for approval here) is neither refilled nor beaten.
+    waiting.refresh_from_db()
+    assert waiting.partial_text == "Kept"
+    assert timezone.now() - waiting.heartbeat_at > timedelta(seconds=500)
+
+
 def test_the_default_checkpoint_interval_is_at_most_a_second():
     from django.conf import settings
 
