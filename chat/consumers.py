@@ -195,10 +195,21 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     # --- pushes ------------------------------------------------------------------------
 
     async def chat_events(self, event: dict[str, Any]) -> None:
-        """Doorbell: display events up to ``seq`` were written."""
-        if self.last_seq is None or int(event.get("seq", 0)) <= self.last_seq:
+        """Doorbell: display events up to ``seq`` were written (see runs.events_doorbell)."""
+        seq = int(event.get("seq", 0))
+        if self.last_seq is None or seq <= self.last_seq:
+            return
+        if event.get("after") == self.last_seq and "html" in event and not self._reading_events:
+            # The very next events, rendered by the writer: no trip to the database.
+            self._note_written_rounds(event.get("rounds") or [])
+            self.last_seq = seq
+            await self.send(text_data=event["html"])
             return
         await self._push_new_events()
+
+    def _note_written_rounds(self, rounds: list[tuple[str, int]]) -> None:
+        for run_id, round_ in rounds:
+            self.flushed_round[run_id] = max(self.flushed_round.get(run_id, -1), round_)
 
     async def chat_stream(self, event: dict[str, Any]) -> None:
         """A snapshot of the reply being streamed."""
@@ -260,12 +271,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             events, html = await next_batch(self.chat_id, self.last_seq)
             if not events:
                 return
-            for event in events:
-                extra = event.payload.get("extra") or {}
-                if event.kind == "msg" and "round" in extra:
-                    run_id = str(extra.get("run_id"))
-                    round_ = int(extra["round"])
-                    self.flushed_round[run_id] = max(self.flushed_round.get(run_id, -1), round_)
+            self._note_written_rounds(live.written_rounds(events))
             self.last_seq = events[-1].seq
             await self.send(text_data=html)
             if len(events) < live.REPLAY_BATCH:

@@ -157,6 +157,19 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
     return "".join(parts)
 
 
+def written_rounds(events: list[StoredEvent]) -> list[tuple[str, int]]:
+    """The streamed replies (run id, round) these events write as messages.
+
+    A page drops a late snapshot of a reply it has as a message already.
+    """
+    rounds = []
+    for event in events:
+        extra = event.payload.get("extra") or {}
+        if event.kind == "msg" and "round" in extra:
+            rounds.append((str(extra.get("run_id")), int(extra["round"])))
+    return rounds
+
+
 def _is_main_reply(event: StoredEvent) -> bool:
     p = event.payload
     return p.get("role") == "assistant" and not p.get("sender_name")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import html
 import re
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 
 import nh3
@@ -86,11 +88,57 @@ def render_markdown_uncached(text: str) -> str:
     return sanitize_html(_markdown().render(text or ""))
 
 
-# Stored messages never change, and highlighting plus sanitising was most of a chat
-# page's render time and of a resync's (bench_longchat). A reply still being written
-# changes with every snapshot: it goes through the uncached function, so it cannot
-# push stored messages out of this cache.
-render_markdown = lru_cache(maxsize=RENDER_CACHE_SIZE)(render_markdown_uncached)
+class _RenderCache:
+    """Rendered HTML of stored messages by their text, least recently used out first.
+
+    Stored messages never change, and highlighting plus sanitising was most of a chat
+    page's render time and of a resync's (bench_longchat). Used from the event loop and
+    the database thread alike, hence the lock.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._html: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, text: str) -> str | None:
+        with self._lock:
+            html = self._html.get(text)
+            if html is not None:
+                self._html.move_to_end(text)
+            return html
+
+    def put(self, text: str, html: str) -> None:
+        with self._lock:
+            self._html[text] = html
+            self._html.move_to_end(text)
+            if len(self._html) > self._size:
+                self._html.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._html.clear()
+
+
+_rendered = _RenderCache(RENDER_CACHE_SIZE)
+
+
+def render_markdown(text: str) -> str:
+    """Markdown of a stored message → safe HTML, cached by text.
+
+    A reply still being written changes with every snapshot: it goes through
+    :class:`StreamingMarkdown`, so it cannot push stored messages out of the cache.
+    """
+    html = _rendered.get(text)
+    if html is None:
+        html = render_markdown_uncached(text)
+        _rendered.put(text, html)
+    return html
+
+
+def remember_rendered(text: str, html: str) -> None:
+    """Keep HTML already made for ``text`` (by a stream's renderer) for its written message."""
+    _rendered.put(text, html)
 
 
 class StreamingMarkdown:
@@ -141,6 +189,15 @@ class StreamingMarkdown:
         point = _word_insertion_point(tail, self._tail_html)
         self._insert_at, self._space_first = point if point else (None, False)
         return self._stable_html + self._tail_html
+
+    def render_final(self, text: str) -> str | None:
+        """The HTML of the finished ``text``, as rendering it whole gives (None if it may not).
+
+        Only where a link reference is defined can the two differ (see the class).
+        """
+        if "]:" in text:  # it may define a link reference (a label may span lines)
+            return None
+        return self.render(text)
 
     def _appendable(self, added: str, done: str) -> bool:
         if not _WORDS_AND_SPANS.fullmatch(added):

@@ -423,10 +423,10 @@ def finish_run(host, status: str, event: ev.RunEvent, partial, usage) -> bool:
         )
         if partial is not None:
             host.channels.push_both(partial)
-        store.append_display_messages(run.chat_id, host.take_new_display())
+        rows = store.append_display_messages(run.chat_id, host.take_new_display())
         store.persist_context(run.chat_id, host.channels.context, host.persisted)
-        rows = store.append_display(run.chat_id, [runs._stamp(event, run)])
-        runs.ring(run.chat_id, runs.events_doorbell(rows[-1].seq))
+        rows += store.append_display(run.chat_id, [runs._stamp(event, run)])
+        runs.ring(run.chat_id, rows)
     return True
 
 

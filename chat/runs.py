@@ -29,9 +29,18 @@ from chat.agent.loop import Decision, QueuedText
 from chat.core.channels import LiveChannels
 from chat.core.eventlog import msg_event
 from chat.core.messages import ChatMessage, ToolCall, assistant
-from chat.models import Agent, ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
+from chat.models import (
+    Agent,
+    ChatEvent,
+    ChatSession,
+    ChatToolGrant,
+    QueuedInput,
+    Run,
+    ToolApproval,
+)
 from chat.providers import UnknownModel, available_models, default_model
-from chat.rendering import StreamingMarkdown
+from chat.rendering import StreamingMarkdown, remember_rendered
+from chat.store import StoredEvent
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +76,15 @@ def run_control_group(run_id) -> str:
     return f"runctl.{run_id}"
 
 
-def ring(chat_id, message: dict[str, Any]) -> None:
-    """Tell subscribers of a chat that something changed. Only after the commit."""
+def ring(chat_id, rows: list[ChatEvent]) -> None:
+    """After the commit, tell the chat's subscribers about display events just written."""
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or not rows:
         return
 
     def send() -> None:
         try:
-            async_to_sync(layer.group_send)(chat_group(chat_id), message)
+            async_to_sync(layer.group_send)(chat_group(chat_id), events_doorbell(chat_id, rows))
         except Exception:  # noqa: BLE001 - the doorbell may fail; the log is the truth
             logger.warning("doorbell for chat %s failed", chat_id, exc_info=True)
 
@@ -92,8 +101,25 @@ async def aring(chat_id, message: dict[str, Any]) -> None:
         logger.warning("doorbell for chat %s failed", chat_id, exc_info=True)
 
 
-def events_doorbell(last_seq: int) -> dict[str, Any]:
-    return {"type": "chat.events", "seq": last_seq}
+def events_doorbell(chat_id, rows: list[ChatEvent]) -> dict[str, Any]:
+    """The doorbell for display events just written, carrying their fragments.
+
+    Rendered here once for every subscriber, where the events are at hand. A
+    subscriber that has seen everything before them pushes the fragments as they
+    are; any other reads the log from its own ``seq``: the log stays the truth, and a
+    doorbell may be lost or overtaken.
+    """
+    events = [StoredEvent(row.seq, row.kind, row.payload) for row in rows]
+    message: dict[str, Any] = {"type": "chat.events", "seq": events[-1].seq}
+    if events[-1].seq - events[0].seq != len(events) - 1:
+        return message  # not one run of seqs: let each subscriber read the log
+    try:
+        html = live.fragments_for_events(events, str(chat_id))
+    except Exception:  # noqa: BLE001 - the subscribers render them from the log instead
+        logger.warning("fragments for chat %s failed", chat_id, exc_info=True)
+        return message
+    message.update(after=events[0].seq - 1, html=html, rounds=live.written_rounds(events))
+    return message
 
 
 def dispatch_deadline():
@@ -181,8 +207,9 @@ def _record_send(
     (row,) = store.append_display(chat.pk, [msg_event(message, store.now_ms())])
     entry.display_seq = row.seq
     entry.save(update_fields=["display_seq"])
+    rows = [row]
     if not chat.title:
-        _set_title(chat, text.splitlines()[0][:TITLE_CHARS])
+        rows += _set_title(chat, text.splitlines()[0][:TITLE_CHARS])
     run_id = None
     if live is None:
         run = Run.objects.create(
@@ -194,7 +221,7 @@ def _record_send(
         run_id = str(run.pk)
         # The message belongs to the run it started, even if the run ends before taking it.
         QueuedInput.objects.filter(pk=entry.pk).update(run=run)
-    ring(chat.pk, events_doorbell(row.seq))
+    ring(chat.pk, rows)
     return SendResult(entry.pk, row.seq, run_id, False, live is not None)
 
 
@@ -243,7 +270,7 @@ def regenerate(user, chat_id) -> str:
             store.restore_context(chat.pk, context[:keep])
         note = ChatMessage(role="system", content="Regenerating the last reply.")
         rows = store.append_display_messages(chat.pk, [note])
-        ring(chat.pk, events_doorbell(rows[-1].seq))
+        ring(chat.pk, rows)
     return str(run.pk)
 
 
@@ -314,7 +341,7 @@ def _finish_waiting_run_cancelled(run: Run) -> None:
     run.pending_message = None
     run.save(update_fields=["status", "finished_at", "pending_message"])
     rows = store.append_display(run.chat_id, [_stamp(ev.Cancelled(partial_text=""), run)])
-    ring(run.chat_id, events_doorbell(rows[-1].seq))
+    ring(run.chat_id, rows)
 
 
 # --- approvals ------------------------------------------------------------------------------
@@ -362,7 +389,7 @@ def _record_decision(approval: ToolApproval) -> str | None:
         reason=approval.reason,
     )
     rows = store.append_display(approval.chat_id, [_stamp(decision, approval.run)])
-    ring(approval.chat_id, events_doorbell(rows[-1].seq))
+    ring(approval.chat_id, rows)
     still_pending = ToolApproval.objects.filter(
         run=approval.run_id, status=ToolApproval.Status.PENDING
     ).exists()
@@ -426,7 +453,7 @@ def switch_model(user, chat_id, alias: str) -> str:
     with transaction.atomic():
         ChatSession.objects.filter(pk=chat.pk).update(model=alias)
         rows = store.append_display(chat.pk, [{"type": "model_switched", "model": alias}])
-        ring(chat.pk, events_doorbell(rows[-1].seq))
+        ring(chat.pk, rows)
     return alias
 
 
@@ -436,15 +463,14 @@ def rename_chat(user, chat_id, title: str) -> str:
     if not title:
         raise ActionError("A chat needs a title.", "empty")
     with transaction.atomic():
-        _set_title(chat, title)
+        ring(chat.pk, _set_title(chat, title))
     return title
 
 
-def _set_title(chat: ChatSession, title: str) -> None:
-    """Store the title and tell every open page of the chat (inside a transaction)."""
+def _set_title(chat: ChatSession, title: str) -> list[ChatEvent]:
+    """Store the title (inside a transaction); the caller rings for the event returned."""
     ChatSession.objects.filter(pk=chat.pk).update(title=title)
-    rows = store.append_display(chat.pk, [{"type": "title", "title": title}])
-    ring(chat.pk, events_doorbell(rows[-1].seq))
+    return store.append_display(chat.pk, [{"type": "title", "title": title}])
 
 
 # --- the run host -----------------------------------------------------------------------------
@@ -526,25 +552,27 @@ class DjangoRunHost:
         if not batch:
             return
         try:
-            rows = await database_sync_to_async(self._append_events)(batch)
+            doorbell = await database_sync_to_async(self._append_events)(batch)
         except BaseException:
             self._unwritten[:0] = batch
             raise
-        await aring(self.chat_id, events_doorbell(rows[-1].seq))
+        await aring(self.chat_id, doorbell)
 
-    def _append_events(self, batch: list[tuple[ev.RunEvent, dict[str, Any]]]):
+    def _append_events(self, batch: list[tuple[ev.RunEvent, dict[str, Any]]]) -> dict[str, Any]:
         with transaction.atomic():
             rows = store.append_display(self.chat_id, [payload for _event, payload in batch])
             iterations = [e.iteration for e, _p in batch if isinstance(e, ev.IterationStart)]
             if iterations:
                 Run.objects.filter(pk=self.run.pk).update(iteration=iterations[-1])
-        return rows
+        return events_doorbell(self.chat_id, rows)
 
-    def take_new_display(self) -> list[ChatMessage]:
+    def take_new_display(self, *, remember_html: bool = False) -> list[ChatMessage]:
         """Display messages not yet written, stamped with this run and its stream round.
 
         A round is one streamed reply; the stream snapshots carry the round they belong
         to, so a subscriber can drop a late snapshot of a reply already written.
+        With ``remember_html`` (only from the event loop, where the snapshots are
+        rendered) the streamed reply's HTML is kept for rendering its message.
         """
         new_display = self.channels.display[self.display_written :]
         self.display_written = len(self.channels.display)
@@ -553,6 +581,10 @@ class DjangoRunHost:
             if message.role == "assistant" and not message.sender_name:
                 message.extra["round"] = self.round
                 self.round += 1
+                if remember_html and message.content:
+                    html = self.markdown.render_final(message.content)
+                    if html is not None:
+                        remember_rendered(message.content, html)
                 self.partial = ("", "")  # written: a reconnecting page must not see it twice
                 self.markdown = StreamingMarkdown()
                 self.stop_pushing()
@@ -560,11 +592,12 @@ class DjangoRunHost:
 
     async def commit(self) -> None:
         await self.write_events()
-        last_seq = await database_sync_to_async(self._commit)(self.take_new_display())
-        if last_seq:
-            await aring(self.chat_id, events_doorbell(last_seq))
+        new_display = self.take_new_display(remember_html=True)
+        doorbell = await database_sync_to_async(self._commit)(new_display)
+        if doorbell:
+            await aring(self.chat_id, doorbell)
 
-    def _commit(self, new_display: list[ChatMessage]) -> int:
+    def _commit(self, new_display: list[ChatMessage]) -> dict[str, Any] | None:
         with transaction.atomic():
             rows = store.append_display_messages(self.chat_id, new_display)
             self.persisted = store.persist_context(
@@ -573,7 +606,7 @@ class DjangoRunHost:
             if any("round" in m.extra for m in new_display):
                 # The streamed reply is now a message: the checkpoint starts over.
                 Run.objects.filter(pk=self.run.pk).update(partial_text="", partial_reasoning="")
-        return rows[-1].seq if rows else 0
+        return events_doorbell(self.chat_id, rows) if rows else None
 
     async def stream_update(self, text: str, reasoning: str) -> None:
         self.partial = (text, reasoning)  # the keeper checkpoints it (chat.keeper)
@@ -697,7 +730,7 @@ class DjangoRunHost:
                 partial_text="",
                 partial_reasoning="",
             )
-            ring(self.chat_id, events_doorbell(rows[-1].seq))
+            ring(self.chat_id, rows)
 
     def granted(self, tool_name: str) -> bool:
         return tool_name in self.grants

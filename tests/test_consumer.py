@@ -29,7 +29,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.test import Client
 
-from chat import access, display, runner, runs, store
+from chat import access, display, live, runner, runs, store
 from chat.core.messages import ChatMessage
 from chat.live import REPLAY_BATCH
 from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
@@ -422,6 +422,72 @@ async def test_a_reply_arrives_as_fragments_in_order(alice, agent, layer_kind):
     assert markers(pieces)[-1] == await adb(last_seq)(chat.pk)
     assert run.status == Run.Status.COMPLETED
     assert "hello there" in pieces[assistant_at].text  # the demo model quotes the user
+    await socket.close()
+
+
+def count_log_reads(monkeypatch) -> list[int]:
+    """How many events each read of the log by a socket returned."""
+    reads: list[int] = []
+    original = live.next_batch
+
+    def counting(chat_id, after_seq):
+        events, html = original(chat_id, after_seq)
+        reads.append(len(events))
+        return events, html
+
+    monkeypatch.setattr(live, "next_batch", counting)
+    return reads
+
+
+@pytest.mark.parametrize("layer_kind", LAYERS, indirect=True)
+async def test_an_up_to_date_page_gets_written_events_from_the_doorbell_alone(
+    alice, agent, layer_kind, monkeypatch
+):
+    chat = await new_chat(alice, model="demo")
+    socket = await connected(alice, chat.pk)
+    await socket.drain()
+    reads = count_log_reads(monkeypatch)
+
+    await socket.send(action="send", message="hello there", client_id="c-1")
+    pieces = await socket.until(is_usage)
+    await settle()
+
+    assert [n for n in reads if n] == []  # every written event came with its doorbell
+    assert item_seqs(pieces) == await adb(expected_item_seqs)(chat.pk)
+    assert markers(pieces)[-1] == await adb(last_seq)(chat.pk)
+    assert not [
+        p for p in pieces[pieces.index(next(filter(is_assistant, pieces))) :] if is_live_stream(p)
+    ]  # no snapshot after the written reply
+    await socket.close()
+
+
+@pytest.mark.parametrize("layer_kind", LAYERS, indirect=True)
+async def test_a_page_that_missed_a_doorbell_reads_the_gap_from_the_log(
+    alice, agent, layer_kind, monkeypatch
+):
+    chat = await new_chat(alice, model="demo")
+    socket = await connected(alice, chat.pk)
+    await socket.drain()
+    reads = count_log_reads(monkeypatch)
+    layer = get_channel_layer()
+    original = layer.group_send
+    dropped: list[int] = []
+
+    async def dropping_the_first_doorbell(group: str, message: dict) -> None:
+        if message.get("type") == "chat.events" and not dropped:
+            dropped.append(message["seq"])  # the user's message, lost on the way
+            return
+        await original(group, message)
+
+    monkeypatch.setattr(layer, "group_send", dropping_the_first_doorbell)
+    await socket.send(action="send", message="hello there", client_id="c-1")
+    pieces = await socket.until(is_usage)
+    await settle()
+
+    assert dropped and sum(reads) >= 1  # the next doorbell showed the gap
+    assert item_seqs(pieces) == await adb(expected_item_seqs)(chat.pk)
+    assert_strictly_increasing(markers(pieces))
+    assert markers(pieces)[-1] == await adb(last_seq)(chat.pk)
     await socket.close()
 
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import runs, store
+from chat import live, rendering, runs, store
 from chat.agent import events as ev
 from chat.models import Run
 from chat.rendering import render_markdown_uncached
@@ -124,3 +124,65 @@ async def test_the_first_snapshot_waits_for_the_announcements(host):
 
     assert await database_sync_to_async(_kinds)(host.chat_id) == ["run_start"]
     assert [m["type"] for m in host.pushed] == ["chat.events", "chat.stream"]
+
+
+# --- what a written reply's doorbell carries ---------------------------------------------------
+
+
+def _fragments_from_the_log(chat_id, after: int, upto: int) -> str:
+    events = [e for e in store.display_events_after(chat_id, after) if e.seq <= upto]
+    return live.fragments_for_events(events, str(chat_id))
+
+
+async def test_the_doorbell_carries_the_fragments_a_subscriber_would_read_from_the_log(host):
+    await host.emit(ev.RunStart(model="demo-fast"))
+    await host.emit(ev.IterationStart(iteration=1, max_iterations=12))
+    text = "Here is **the answer**:\n\n- one\n- two `code`\n\nDone."
+    await host.stream_update(text, "")
+    host.channels.push_both(runs.assistant(text))
+    await host.commit()
+
+    doorbells = [m for m in host.pushed if m["type"] == "chat.events"]
+    assert len(doorbells) == 2  # the run's start, then the reply
+    for doorbell in doorbells:
+        expected = await database_sync_to_async(_fragments_from_the_log)(
+            host.chat_id, doorbell["after"], doorbell["seq"]
+        )
+        assert doorbell["html"] == expected
+    reply = doorbells[-1]
+    assert reply["seq"] == reply["after"] + 1
+    assert reply["rounds"] == [(str(host.run.pk), 0)]
+    assert render_markdown_uncached(text) in reply["html"]
+
+
+async def test_a_written_reply_reuses_the_html_its_stream_was_rendered_to(host, monkeypatch):
+    text = "A *streamed* reply\n\n1. with\n2. a list"
+    await host.stream_update(text[:20], "")
+    await asyncio.sleep(0.02)
+    expected = render_markdown_uncached(text)
+    rendered_whole: list[str] = []
+
+    def counting(source: str) -> str:
+        rendered_whole.append(source)
+        return render_markdown_uncached(source)
+
+    monkeypatch.setattr(rendering, "render_markdown_uncached", counting)
+    host.channels.push_both(runs.assistant(text))
+    await host.commit()
+
+    assert rendering.render_markdown(text) == expected
+    assert rendered_whole == []  # the stream's renderer made it
+
+
+async def test_a_reply_defining_a_link_reference_is_rendered_whole(host):
+    # The one case where the stream's renderer differs from the whole text's: the link
+    # was rendered before its definition arrived.
+    text = "See [the docs][d].\n\nAnd more.\n\n[d]: https://example.com/docs"
+    await host.stream_update(text[:30], "")
+    await asyncio.sleep(0.02)
+    host.channels.push_both(runs.assistant(text))
+    await host.commit()
+
+    link = 'href="https://example.com/docs"'
+    assert link in host.pushed[-1]["html"]
+    assert link in rendering.render_markdown(text)
