@@ -25,6 +25,7 @@ from chat import live, runner, runs
 from chat.access import ChatAction, access_chat
 from chat.dispatch import DirectDispatch
 from chat.models import Run
+from chatsite.layers import live_layer_alias
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,10 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     _quiet_check: asyncio.TimerHandle | None = None
     _quiet_task: asyncio.Task | None = None
     _last_snapshot_at = 0.0
+
+    @property
+    def channel_layer_alias(self) -> str:  # read by Channels as the consumer starts
+        return live_layer_alias()
 
     async def connect(self) -> None:
         user = self.scope.get("user")

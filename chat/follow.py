@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 
 from chat import store
 from chat.agent.events import TERMINAL_TYPES
 from chat.runs import chat_group
 from chat.store import StoredEvent
+from chatsite.layers import live_layer
 
 POLL_SECONDS = 1.0
 BATCH = 500
@@ -112,11 +112,12 @@ class RunFollower:
 
 async def follow_run(follower: RunFollower) -> AsyncIterator[dict[str, Any]]:
     """Yield the run's typed events until its terminal event."""
-    layer = get_channel_layer()
+    layer = live_layer()
     channel = await layer.new_channel()
     group = chat_group(follower.chat_id)
     await layer.group_add(group, channel)
     read = database_sync_to_async(store.display_events_after)
+    receiving: asyncio.Future | None = None
     try:
         while not follower.done:
             events = await read(follower.chat_id, follower.last_seq, BATCH)
@@ -124,12 +125,18 @@ async def follow_run(follower: RunFollower) -> AsyncIterator[dict[str, Any]]:
                 yield item
             if follower.done or len(events) == BATCH:
                 continue
-            try:
-                message = await asyncio.wait_for(layer.receive(channel), POLL_SECONDS)
-            except TimeoutError:
+            # One receive kept across polls: a pub/sub layer unsubscribes a channel
+            # whose receive is cancelled, dropping what arrives until the next one.
+            if receiving is None:
+                receiving = asyncio.ensure_future(layer.receive(channel))
+            done, _ = await asyncio.wait({receiving}, timeout=POLL_SECONDS)
+            if not done:
                 continue
+            message, receiving = receiving.result(), None
             if message.get("type") == "chat.stream":
                 for item in follower.apply_snapshot(message):
                     yield item
     finally:
+        if receiving is not None:
+            receiving.cancel()
         await layer.group_discard(group, channel)

@@ -41,6 +41,7 @@ from chat.models import (
 from chat.providers import UnknownModel, available_models, default_model
 from chat.rendering import StreamingMarkdown, remember_rendered
 from chat.store import StoredEvent
+from chatsite.layers import live_layer
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def run_control_group(run_id) -> str:
 
 def ring(chat_id, rows: list[ChatEvent]) -> None:
     """After the commit, tell the chat's subscribers about display events just written."""
-    layer = get_channel_layer()
+    layer = live_layer()
     if layer is None or not rows:
         return
 
@@ -92,7 +93,7 @@ def ring(chat_id, rows: list[ChatEvent]) -> None:
 
 
 async def aring(chat_id, message: dict[str, Any]) -> None:
-    layer = get_channel_layer()
+    layer = live_layer()
     if layer is None:
         return
     try:

@@ -15,7 +15,9 @@ import contextlib
 import time
 from copy import deepcopy
 
-from channels.layers import InMemoryChannelLayer
+from channels import DEFAULT_CHANNEL_LAYER
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
 
 CLEAN_EVERY_SECONDS = 1.0
 
@@ -41,3 +43,22 @@ class LeanInMemoryChannelLayer(InMemoryChannelLayer):
             # As in Channels, a full channel misses the group's message.
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait((expires, deepcopy(message)))
+
+
+# --- the layer chat pages listen on --------------------------------------------------------
+
+LIVE_LAYER = "live"
+
+
+def live_layer_alias() -> str:
+    """The alias of the layer carrying chat doorbells and stream snapshots.
+
+    With Redis that is a pub/sub layer of its own (see settings): a socket's process
+    gets every message of its chats pushed down one subscription, where the default
+    layer costs a blocking pop per message. Without it, the default layer.
+    """
+    return LIVE_LAYER if LIVE_LAYER in settings.CHANNEL_LAYERS else DEFAULT_CHANNEL_LAYER
+
+
+def live_layer():
+    return get_channel_layer(live_layer_alias())

@@ -144,7 +144,18 @@ if REDIS_URL:
                 "expiry": 30,
                 "prefix": LYCEUM_REDIS_PREFIX,
             },
-        }
+        },
+        # Chat doorbells and stream snapshots (chatsite.layers.live_layer): Redis pub/sub
+        # pushes them to each socket's process down one subscription; the default layer
+        # costs a blocking pop per message, which a hundred streams queued up behind.
+        # At most once, like every doorbell: a page that misses one reads the log.
+        "live": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {
+                "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
+                "prefix": LYCEUM_REDIS_PREFIX,
+            },
+        },
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "chatsite.layers.LeanInMemoryChannelLayer"}}

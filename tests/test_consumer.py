@@ -34,6 +34,7 @@ from chat.core.messages import ChatMessage
 from chat.live import REPLAY_BATCH
 from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chatsite.asgi import application
+from chatsite.layers import live_layer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -70,14 +71,17 @@ async def socket_env(settings, tmp_path, layer_kind, transactional_db):
     settings.LYCEUM_APPROVAL_TIMEOUT = 900.0
     if layer_kind == "redis":
         # channels drops its cached layers when CHANNEL_LAYERS changes.
-        settings.CHANNEL_LAYERS = {
+        prefix = f"lyceum-test-{uuid.uuid4().hex[:12]}"
+        hosts = [{"address": REDIS_URL, "socket_timeout": 30.0}]
+        settings.CHANNEL_LAYERS = {  # as the settings make them from REDIS_URL
             "default": {
                 "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {
-                    "hosts": [{"address": REDIS_URL, "socket_timeout": 30.0}],
-                    "prefix": f"lyceum-test-{uuid.uuid4().hex[:12]}",
-                },
-            }
+                "CONFIG": {"hosts": hosts, "prefix": prefix},
+            },
+            "live": {
+                "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                "CONFIG": {"hosts": hosts, "prefix": prefix},
+            },
         }
     else:
         settings.CHANNEL_LAYERS = MEMORY_LAYER
@@ -86,6 +90,7 @@ async def socket_env(settings, tmp_path, layer_kind, transactional_db):
     yield layer
     await runner.stop_all()
     await layer.flush()
+    await live_layer().flush()
     if layer_kind == "redis":
         await layer.close_pools()
 
@@ -469,7 +474,7 @@ async def test_a_page_that_missed_a_doorbell_reads_the_gap_from_the_log(
     socket = await connected(alice, chat.pk)
     await socket.drain()
     reads = count_log_reads(monkeypatch)
-    layer = get_channel_layer()
+    layer = live_layer()
     original = layer.group_send
     dropped: list[int] = []
 

@@ -95,7 +95,10 @@ def test_database_url_parsing():
 
 
 def test_redis_url_switches_the_channel_layer():
-    code = "from django.conf import settings; print(settings.CHANNEL_LAYERS['default']['BACKEND'])"
+    code = (
+        "from django.conf import settings; layers = settings.CHANNEL_LAYERS; "
+        "print(layers['default']['BACKEND'], layers['live']['BACKEND'])"
+    )
     result = subprocess.run(
         [sys.executable, "-c", f"import django; django.setup(); {code}"],
         cwd=ROOT,
@@ -108,4 +111,7 @@ def test_redis_url_switches_the_channel_layer():
         text=True,
         timeout=60,
     )
-    assert result.stdout.strip() == "channels_redis.core.RedisChannelLayer", result.stderr
+    assert result.stdout.split() == [
+        "channels_redis.core.RedisChannelLayer",  # runs for the workers, cancels
+        "channels_redis.pubsub.RedisPubSubChannelLayer",  # doorbells and snapshots for pages
+    ], result.stderr

@@ -32,6 +32,7 @@ from django.conf import settings as django_settings
 from chat import runner, runs, store
 from chat.apikeys import create_api_key
 from chat.models import Run
+from chatsite.layers import live_layer
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = "redis://127.0.0.1:6379/3"
@@ -61,7 +62,12 @@ def redis_layer(settings) -> Iterator[dict[str, str]]:
                 "prefix": prefix,
                 "expiry": 30,
             },
-        }
+        },
+        # As the settings make it from REDIS_URL: the workers publish to pages on it.
+        "live": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": prefix},
+        },
     }
     settings.LYCEUM_RUNNER = "worker"
     settings.LYCEUM_WORKER_CHANNEL = channel
@@ -157,6 +163,7 @@ async def layer_cleanup(redis_layer) -> Any:
     layer = get_channel_layer()
     if hasattr(layer, "close_pools"):
         await layer.close_pools()
+    await live_layer().flush()  # closes its subscription
 
 
 # --- helpers -----------------------------------------------------------------------------------
