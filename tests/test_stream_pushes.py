@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from channels.db import database_sync_to_async
@@ -44,6 +45,24 @@ async def test_the_first_text_goes_out_at_once_and_later_text_within_one_interva
 
     await asyncio.sleep(INTERVAL)  # no more text arrives: the last text still goes out
     assert [m["text"] for m in host.pushed] == ["Hello", "Hello world"]
+
+
+async def test_text_read_once_per_interval_goes_out_as_it_arrives(host):
+    # As from an upstream read once per interval (chat.providers): the first text, a
+    # batch a third of an interval later, then a batch every interval. Pushes a whole
+    # interval apart would keep every later batch waiting two thirds of an interval.
+    text, arrived = "", {}
+    for i, delay in enumerate([0.0, INTERVAL / 3] + [INTERVAL] * 5):
+        await asyncio.sleep(delay)
+        text += f"w{i} "
+        arrived[text] = time.time()
+        await host.stream_update(text, "")
+    await asyncio.sleep(INTERVAL)
+
+    lags = {m["text"]: m["sent_at"] - arrived[m["text"]] for m in host.pushed}
+    assert list(lags) == list(arrived)  # every batch went out, once, in order
+    late = [round(lag, 3) for t, lag in lags.items() if t.count(" ") > 3 and lag > INTERVAL / 5]
+    assert late == []
 
 
 async def test_a_snapshot_carries_the_rendered_markdown_for_the_page(host):
