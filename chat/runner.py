@@ -211,6 +211,11 @@ def tools_for(agent) -> tuple[ToolRegistry, dict[str, str]]:
 
 
 def _prepare(run_id: str, resume: bool) -> Prepared | None:
+    with transaction.atomic():  # one commit for the claim and what goes with it
+        return _claim_and_load(run_id, resume)
+
+
+def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
     # Claim the run first: a channel layer may deliver one dispatch to two workers
     # (channels_redis re-queues a message another consumer is still handling), and a
     # run must execute once.
@@ -222,11 +227,15 @@ def _prepare(run_id: str, resume: bool) -> Prepared | None:
     run = Run.objects.select_related("chat", "chat__agent").get(pk=run_id)
     chat = run.chat
     tools, policies = tools_for(chat.agent)
+    changes = {}
     resume_state = None
     if resume and run.pending_message:
         resume_state = (ChatMessage.from_dict(run.pending_message), runs.decisions_for(run))
-        Run.objects.filter(pk=run.pk).update(pending_message=None)
-    Run.objects.filter(pk=run.pk).update(model=chat.model or run.model)
+        changes["pending_message"] = None
+    if chat.model and chat.model != run.model:  # switched while the run waited
+        changes["model"] = chat.model
+    if changes:
+        Run.objects.filter(pk=run.pk).update(**changes)
     return Prepared(
         run=run,
         chat=chat,

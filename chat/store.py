@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -34,18 +34,42 @@ def append_events(chat_id, channel: str, payloads: Iterable[dict[str, Any]]) -> 
     payloads = list(payloads)
     if not payloads:
         return []
-    field = _SEQ_FIELD[channel]
     with transaction.atomic():
-        last = ChatSession.objects.select_for_update().values_list(field, flat=True).get(pk=chat_id)
+        last = _reserve_seqs(chat_id, _SEQ_FIELD[channel], len(payloads))
         rows = [
             ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
             for i, p in enumerate(payloads, start=1)
         ]
         ChatEvent.objects.bulk_create(rows)
-        ChatSession.objects.filter(pk=chat_id).update(
-            **{field: last + len(rows)}, updated_at=timezone.now()
-        )
     return rows
+
+
+def _reserve_seqs(chat_id, field: str, count: int) -> int:
+    """Move the chat's counter on by ``count``, holding its row lock; the seq before.
+
+    One statement (UPDATE … RETURNING, PostgreSQL and SQLite alike) where reading the
+    counter under the lock and writing it back took two: a run writes its events
+    several times a reply, all through the process's one database thread.
+    """
+    opts = ChatSession._meta
+    quote = connection.ops.quote_name
+    column = quote(opts.get_field(field).column)
+    updated = opts.get_field("updated_at")
+    sql = (
+        f"UPDATE {quote(opts.db_table)} SET {column} = {column} + %s, "
+        f"{quote(updated.column)} = %s WHERE {quote(opts.pk.column)} = %s RETURNING {column}"
+    )
+    params = [
+        count,
+        updated.get_db_prep_value(timezone.now(), connection),
+        opts.pk.get_db_prep_value(chat_id, connection),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise ChatSession.DoesNotExist(f"no chat {chat_id}")
+    return row[0] - count
 
 
 def append_display(chat_id, payloads: Iterable[dict[str, Any]]) -> list[ChatEvent]:

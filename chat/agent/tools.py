@@ -35,6 +35,7 @@ import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 from chat.agent.workspace import Workspace
@@ -657,9 +658,15 @@ def _cut(text: str, limit: int) -> str:
 
 def default_registry() -> ToolRegistry:
     """A fresh registry holding the built-in tools (callers may extend or narrow it)."""
+    return ToolRegistry(_builtin_tool_defs())
+
+
+@lru_cache(maxsize=1)
+def _builtin_tool_defs() -> tuple[ToolDef, ...]:
+    # Read from the functions' signatures and docstrings once per process, not per run.
     from chat.agent.builtin_tools import BUILTIN_TOOLS  # late: builtin_tools imports us
 
     registry = ToolRegistry()
     for fn in BUILTIN_TOOLS:
         registry.register(fn)
-    return registry
+    return tuple(registry)
