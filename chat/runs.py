@@ -262,6 +262,8 @@ def _record_send(
 
 def start_run_if_idle(chat: ChatSession) -> str | None:
     """Start a run for inputs left queued (e.g. after a run ended). Returns its id."""
+    if not QueuedInput.objects.filter(chat=chat, consumed=False).exists():
+        return None  # the usual case, read without taking the write lock
     with transaction.atomic():
         if Run.objects.select_for_update().filter(chat=chat, status__in=LIVE).exists():
             return None
@@ -703,6 +705,9 @@ class DjangoRunHost:
         return await database_sync_to_async(self._take_queued)()
 
     def _take_queued(self) -> list[QueuedText]:
+        waiting = QueuedInput.objects.filter(chat_id=self.chat_id, consumed=False)
+        if not waiting.exists():  # the usual case: no write lock for it (SQLite takes one)
+            return []
         with transaction.atomic():
             rows = list(
                 QueuedInput.objects.select_for_update()

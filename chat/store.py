@@ -34,7 +34,8 @@ def append_events(chat_id, channel: str, payloads: Iterable[dict[str, Any]]) -> 
     payloads = list(payloads)
     if not payloads:
         return []
-    with transaction.atomic():
+    # No savepoint inside a caller's transaction: a failure here fails the whole of it.
+    with transaction.atomic(savepoint=False):
         last = _reserve_seqs(chat_id, _SEQ_FIELD[channel], len(payloads))
         rows = [
             ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
