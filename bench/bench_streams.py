@@ -250,9 +250,9 @@ def wait_for_port(proc: Proc, port: int, timeout: float = 30.0) -> None:
     raise RuntimeError(f"{proc.name} did not listen on {port} within {timeout:.0f} s")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (all its threads) so far."""
-    raw = Path(f"/proc/{pid}/stat").read_text()
+def cpu_seconds(pid: int, *, main_thread: bool = False) -> float:
+    """User + system CPU of a process (all its threads, or its main thread) so far."""
+    raw = Path(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat").read_text()
     fields = raw[raw.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
@@ -755,13 +755,17 @@ def run_round(
                     if proc.profile_out is not None:
                         proc.popen.send_signal(signal.SIGUSR2)  # profile the streaming only
             cpu_now = {name: cpu_seconds(pid) for name, pid in watched.items()}
+            for proc in procs:  # the event loop's share (the rest: the database thread)
+                cpu_now[f"{proc.name.split('-')[0]} main thread"] = cpu_seconds(
+                    proc.pid, main_thread=True
+                )
             marks[name] = (time.time(), time.process_time(), cpu_now)
 
         timeout = args.tokens / args.tps + args.ramp + 60
         asyncio.run(drive_clients(clients, warm, port, args.ramp, timeout, mark))
         (begin, client_start, cpu_start), (_, client_end, cpu_end) = marks["start"], marks["end"]
         end = max([c.done_at for c in clients if c.done_at] or [time.time()])
-        cpu = {name: cpu_end[name] - cpu_start[name] for name in watched}
+        cpu = {name: cpu_end[name] - cpu_start[name] for name in cpu_start}
         client_cpu = client_end - client_start
         memory = {name: memory_mb(pid) for name, pid in watched.items() if name != "fake upstream"}
         for proc in procs:
@@ -859,6 +863,8 @@ def print_mode_table(mode: str, results: list[RoundResult], tokens: int, tps: fl
     row("extra upstream requests", [str(r.check.extra_requests) for r in results])
     row("wall (first send -> last end)", [f"{r.wall:.1f} s" for r in results])
     for name in results[0].cpu:
+        if name.endswith(" main thread"):
+            continue
         row(
             f"{name} CPU ms / 1k tokens",
             [f"{r.cpu[name] * 1e6 / max(1, r.check.tokens_sent):.0f}" for r in results],
@@ -867,6 +873,14 @@ def print_mode_table(mode: str, results: list[RoundResult], tokens: int, tps: fl
             f"{name} CPU % of a core",
             [f"{100 * r.cpu[name] / r.wall:.0f} %" if r.wall else "-" for r in results],
         )
+        if f"{name} main thread" in results[0].cpu:
+            row(
+                "  of which the event loop's thread",
+                [
+                    f"{100 * r.cpu[f'{name} main thread'] / r.wall:.0f} %" if r.wall else "-"
+                    for r in results
+                ],
+            )
     row(
         "client CPU % of a core",
         [f"{100 * r.client_cpu / r.wall:.0f} %" if r.wall else "-" for r in results],

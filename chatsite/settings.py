@@ -150,7 +150,7 @@ if REDIS_URL:
         # costs a blocking pop per message, which a hundred streams queued up behind.
         # At most once, like every doorbell: a page that misses one reads the log.
         "live": {
-            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "BACKEND": "chatsite.layers.PipelinedPubSubChannelLayer",
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
                 "prefix": LYCEUM_REDIS_PREFIX,

@@ -79,7 +79,7 @@ async def socket_env(settings, tmp_path, layer_kind, transactional_db):
                 "CONFIG": {"hosts": hosts, "prefix": prefix},
             },
             "live": {
-                "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+                "BACKEND": "chatsite.layers.PipelinedPubSubChannelLayer",
                 "CONFIG": {"hosts": hosts, "prefix": prefix},
             },
         }

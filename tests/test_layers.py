@@ -1,13 +1,17 @@
-"""The lean in-memory channel layer keeps Channels' semantics."""
+"""The lean in-memory channel layer keeps Channels' semantics; the pipelined pub/sub layer
+keeps every send and its order."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
+from redis.asyncio.client import Pipeline
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from chatsite import layers
-from chatsite.layers import LeanInMemoryChannelLayer
+from chatsite.layers import LeanInMemoryChannelLayer, PipelinedPubSubChannelLayer
 
 
 async def test_a_group_message_reaches_every_member_once():
@@ -76,3 +80,99 @@ async def test_discarded_members_get_nothing():
     await layer.group_send("g", {"type": "x"})
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(layer.receive(channel), 0.05)
+
+
+# --- Redis pub/sub, pipelined ----------------------------------------------------------------
+
+REDIS_URL = "redis://127.0.0.1:6379"
+
+
+@pytest.fixture
+async def pubsub_pair():
+    """Two pipelined pub/sub layers on one prefix: as a worker and a web process see it."""
+    prefix = f"lyceum-test-{uuid.uuid4().hex[:12]}"
+    made = [
+        PipelinedPubSubChannelLayer(hosts=[{"address": REDIS_URL}], prefix=prefix) for _ in range(2)
+    ]
+    yield made
+    for layer in made:
+        await layer.flush()
+
+
+async def _receive_all(layer, channel: str, count: int) -> list[dict]:
+    return [await asyncio.wait_for(layer.receive(channel), 5) for _ in range(count)]
+
+
+async def test_publishes_of_one_moment_go_in_one_round_trip_in_order(pubsub_pair, monkeypatch):
+    sender, receiver = pubsub_pair
+    channels = [await receiver.new_channel() for _ in range(3)]
+    for index, channel in enumerate(channels):
+        await receiver.group_add(f"chat.{index}", channel)
+    executed: list[int] = []
+    original = Pipeline.execute
+
+    async def counting(self, *args, **kwargs):
+        executed.append(len(self.command_stack))
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", counting)
+
+    await asyncio.gather(
+        *(sender.group_send(f"chat.{n % 3}", {"type": "x", "n": n}) for n in range(60))
+    )
+
+    assert executed == [60]  # every send awaited its own publish, and they went together
+    for index, channel in enumerate(channels):
+        got = await _receive_all(receiver, channel, 20)
+        assert [m["n"] for m in got] == list(range(index, 60, 3))  # in the order sent
+
+
+async def test_what_is_published_during_a_round_trip_goes_in_the_next(pubsub_pair, monkeypatch):
+    sender, receiver = pubsub_pair
+    channel = await receiver.new_channel()
+    await receiver.group_add("chat.1", channel)
+    await sender.group_send("chat.1", {"type": "x", "n": -1})  # connected
+    executed: list[int] = []
+    original = Pipeline.execute
+
+    async def slow(self, *args, **kwargs):
+        executed.append(len(self.command_stack))
+        await asyncio.sleep(0.05)  # a slow round trip
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", slow)
+
+    async def later(n: int) -> None:
+        await asyncio.sleep(0.01 * (n // 10))  # while the first round trip is out
+        await sender.group_send("chat.1", {"type": "x", "n": n})
+
+    await asyncio.gather(*(later(n) for n in range(40)))
+
+    assert executed[0] == 10 and sum(executed) == 40 and len(executed) == 2
+    got = await _receive_all(receiver, channel, 41)
+    assert [m["n"] for m in got] == list(range(-1, 40))
+
+
+async def test_a_failed_round_trip_fails_each_of_its_sends_and_the_next_one_works(
+    pubsub_pair, monkeypatch
+):
+    sender, receiver = pubsub_pair
+    channel = await receiver.new_channel()
+    await receiver.group_add("chat.1", channel)
+    original = Pipeline.execute
+    failures = [RedisConnectionError("gone")]
+
+    async def failing_once(self, *args, **kwargs):
+        if failures:
+            raise failures.pop()
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", failing_once)
+    results = await asyncio.gather(
+        *(sender.group_send("chat.1", {"type": "x", "n": n}) for n in range(3)),
+        return_exceptions=True,
+    )
+    assert [type(r) for r in results] == [RedisConnectionError] * 3
+
+    await sender.group_send("chat.1", {"type": "x", "n": 99})
+    assert (await asyncio.wait_for(receiver.receive(channel), 5))["n"] == 99

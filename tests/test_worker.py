@@ -65,7 +65,7 @@ def redis_layer(settings) -> Iterator[dict[str, str]]:
         },
         # As the settings make it from REDIS_URL: the workers publish to pages on it.
         "live": {
-            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "BACKEND": "chatsite.layers.PipelinedPubSubChannelLayer",
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": prefix},
         },
     }
