@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import SyncToAsync, async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -41,7 +40,7 @@ from chat.models import (
 from chat.providers import UnknownModel, available_models, default_model
 from chat.rendering import StreamingMarkdown, remember_rendered
 from chat.store import StoredEvent
-from chatsite.layers import live_layer
+from chatsite.layers import group_send_soon, live_layer
 
 logger = logging.getLogger(__name__)
 
@@ -91,39 +90,6 @@ def ring(chat_id, rows: list[ChatEvent]) -> None:
     transaction.on_commit(
         lambda: group_send_soon(layer, chat_group(chat_id), events_doorbell(chat_id, rows))
     )
-
-
-_sending: set[asyncio.Task] = set()
-
-
-def group_send_soon(layer, group: str, message: dict[str, Any]) -> None:
-    """Send from a sync thread without waiting for the send.
-
-    Run from the database thread (as under ``database_sync_to_async``), the send is
-    handed to the event loop that thread works for: waiting for it held the process's
-    one database thread until a busy loop came round to it, 30 ms a reply's end with a
-    hundred streams. Elsewhere it is sent there and then.
-    """
-    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
-    if loop is None or loop.is_closed() or not loop.is_running():
-        try:
-            async_to_sync(layer.group_send)(group, message)
-        except Exception:  # noqa: BLE001 - a doorbell may fail; the log is the truth
-            logger.warning("sending to %s failed", group, exc_info=True)
-        return
-    loop.call_soon_threadsafe(_start_sending, layer, group, message)
-
-
-def _start_sending(layer, group: str, message: dict[str, Any]) -> None:
-    task = asyncio.get_running_loop().create_task(layer.group_send(group, message))
-    _sending.add(task)
-    task.add_done_callback(_sent)
-
-
-def _sent(task: asyncio.Task) -> None:
-    _sending.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        logger.warning("sending failed", exc_info=task.exception())
 
 
 async def aring(chat_id, message: dict[str, Any]) -> None:

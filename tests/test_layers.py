@@ -176,3 +176,43 @@ async def test_a_failed_round_trip_fails_each_of_its_sends_and_the_next_one_work
 
     await sender.group_send("chat.1", {"type": "x", "n": 99})
     assert (await asyncio.wait_for(receiver.receive(channel), 5))["n"] == 99
+
+
+# --- sending from the database thread ------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_send_from_the_database_thread_does_not_hold_that_thread():
+    from channels.db import database_sync_to_async
+
+    layer = LeanInMemoryChannelLayer()
+    channel = await layer.new_channel()
+    await layer.group_add("chat.1", channel)
+    original = layer.group_send
+    release = asyncio.Event()
+
+    async def slow_group_send(group: str, message: dict) -> None:
+        await release.wait()  # a busy layer
+        await original(group, message)
+
+    layer.group_send = slow_group_send
+
+    def job() -> str:  # as a run's database job rings after its commit
+        layers.group_send_soon(layer, "chat.1", {"type": "chat.events", "seq": 7})
+        return "done"
+
+    assert await asyncio.wait_for(database_sync_to_async(job)(), 2) == "done"
+    release.set()
+    assert await asyncio.wait_for(layer.receive(channel), 2) == {"type": "chat.events", "seq": 7}
+
+
+def test_a_send_from_plain_sync_code_is_made_there_and_then():
+    layer = LeanInMemoryChannelLayer()
+    sent: list[dict] = []
+
+    async def group_send(group: str, message: dict) -> None:
+        sent.append(message)
+
+    layer.group_send = group_send
+    layers.group_send_soon(layer, "chat.1", {"type": "x"})
+    assert sent == [{"type": "x"}]
