@@ -21,10 +21,11 @@ from django.utils.text import slugify
 
 from chat.core import eventlog
 from chat.core.messages import ChatMessage
-from chat.rendering import render_markdown
+from chat.rendering import HtmlCache, forget_rendered_markdown, render_markdown
 from chat.store import StoredEvent
 
 SENDER_PALETTE = 8
+ITEM_CACHE_SIZE = 2048
 MAIN_AGENT_LABEL = "Assistant"
 # Event kinds shown as items of their own (besides messages).
 ITEM_KINDS = {"compacted", "complete", "cancelled", "error", "model_switched"}
@@ -122,6 +123,17 @@ class DisplayItem:
             return sender_colour(self.message.sender_name)
         return None
 
+    @property
+    def state_key(self) -> str:
+        """What may change about the item after it was written (its HTML depends on it).
+
+        An approval request and a decision, once there, never change for a call.
+        """
+        calls = ";".join(
+            f"{c.status},{c.approval is not None:d},{c.decision is not None:d}" for c in self.calls
+        )
+        return f"{self.queued:d}|{calls}"
+
     @cached_property
     def html(self) -> str:
         return render_markdown(self.message.content) if self.message else ""
@@ -173,5 +185,28 @@ def call_ids(items: Iterable[DisplayItem]) -> list[str]:
     return [c.id for item in items for c in item.calls]
 
 
-def render_item(item: DisplayItem, **context: Any) -> str:
-    return render_to_string(item.template, {"item": item, **context})
+# An item's HTML is fixed by its event (stored events never change) and by the state of
+# its tool calls and queued flag: rendering the partials was most of a long chat's page.
+_rendered_items = HtmlCache(ITEM_CACHE_SIZE)
+
+
+def render_item(item: DisplayItem, *, chat_id=None) -> str:
+    """The item through its partial; cached when the chat is known (a seq is per chat)."""
+    if chat_id is None:
+        return render_to_string(item.template, {"item": item})
+    key = f"{chat_id}:{item.seq}:{item.state_key}"
+    html = _rendered_items.get(key)
+    if html is None:
+        html = render_to_string(item.template, {"item": item})
+        _rendered_items.put(key, html)
+    return html
+
+
+def forget_rendered() -> None:
+    """Empty the caches of rendered items and markdown (benchmarks, tests)."""
+    _rendered_items.clear()
+    forget_rendered_markdown()
+
+
+def render_items(chat_id, items: Iterable[DisplayItem]) -> str:
+    return "".join(render_item(item, chat_id=chat_id) for item in items)

@@ -117,7 +117,7 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             status, busy = "", False
         item = display.item_from_event(event)
         if item is not None:
-            items_html.append(display.render_item(item))
+            items_html.append(display.render_item(item, chat_id=chat_id))
             if _is_main_reply(event) or event.kind in TERMINAL:
                 flush_items()
                 parts.append(idle_stream_slot())

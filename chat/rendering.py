@@ -88,12 +88,10 @@ def render_markdown_uncached(text: str) -> str:
     return sanitize_html(_markdown().render(text or ""))
 
 
-class _RenderCache:
-    """Rendered HTML of stored messages by their text, least recently used out first.
+class HtmlCache:
+    """HTML by a text key, least recently used out first.
 
-    Stored messages never change, and highlighting plus sanitising was most of a chat
-    page's render time and of a resync's (bench_longchat). Used from the event loop and
-    the database thread alike, hence the lock.
+    Used from the event loop and the database thread alike, hence the lock.
     """
 
     def __init__(self, size: int) -> None:
@@ -120,7 +118,9 @@ class _RenderCache:
             self._html.clear()
 
 
-_rendered = _RenderCache(RENDER_CACHE_SIZE)
+# Stored messages never change, and highlighting plus sanitising was most of a chat
+# page's render time and of a resync's (bench_longchat).
+_rendered = HtmlCache(RENDER_CACHE_SIZE)
 
 
 def render_markdown(text: str) -> str:
@@ -134,6 +134,10 @@ def render_markdown(text: str) -> str:
         html = render_markdown_uncached(text)
         _rendered.put(text, html)
     return html
+
+
+def forget_rendered_markdown() -> None:
+    _rendered.clear()
 
 
 def remember_rendered(text: str, html: str) -> None:

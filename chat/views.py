@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from chat import display, exports, runs, store
@@ -24,12 +26,18 @@ SIDEBAR_CHATS = 100
 
 @dataclass
 class Page:
+    chat_id: Any
     items: list[display.DisplayItem]
     has_older: bool
 
     @property
     def first_seq(self) -> int:
         return self.items[0].seq if self.items else 0
+
+    @property
+    def html(self) -> str:
+        """The items, each through its partial, as the live push renders them."""
+        return mark_safe(display.render_items(self.chat_id, self.items))  # noqa: S308
 
 
 def page_of_items(chat_id, before_seq: int | None = None, limit: int = PAGE_ITEMS) -> Page:
@@ -57,7 +65,7 @@ def page_of_items(chat_id, before_seq: int | None = None, limit: int = PAGE_ITEM
         )
         if later:
             items = display.build_items([e for e in events if e.seq >= items[0].seq], later)
-    return Page(items, has_older)
+    return Page(chat_id, items, has_older)
 
 
 def sidebar_chats(user, query: str = ""):
