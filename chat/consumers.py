@@ -34,6 +34,9 @@ CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 # When stream snapshots stop for this long, read the log once (see _arm_quiet_check).
 QUIET_CHECK_SECONDS = 2.0
+# A page that only watches makes no actions to check: its view access is checked again
+# before a push once this long has passed since the last check (one query, not one a push).
+ACCESS_RECHECK_SECONDS = 10.0
 WRITE_ACTIONS = {
     "send",
     "cancel",
@@ -56,6 +59,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     _quiet_check: asyncio.TimerHandle | None = None
     _quiet_task: asyncio.Task | None = None
     _last_snapshot_at = 0.0
+    _access_checked_at = 0.0
+    _access_lost = False
 
     @property
     def channel_layer_alias(self) -> str:  # read by Channels as the consumer starts
@@ -70,6 +75,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         if not await self._allowed(ChatAction.VIEW):
             await self.close(code=CLOSE_NOT_FOUND)
             return
+        self._access_checked_at = asyncio.get_running_loop().time()
         self.flushed_round = {}
         self.group = runs.chat_group(self.chat_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
@@ -199,10 +205,30 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
 
     # --- pushes ------------------------------------------------------------------------
 
+    async def _may_still_watch(self) -> bool:
+        """Whether pushes may go on: access can be taken away while the socket is open.
+
+        Checked again at most every ``ACCESS_RECHECK_SECONDS``; once lost, the socket is
+        closed and nothing more is pushed.
+        """
+        if self._access_lost:
+            return False
+        now = asyncio.get_running_loop().time()
+        if now - self._access_checked_at < ACCESS_RECHECK_SECONDS:
+            return True
+        self._access_checked_at = now
+        if await self._allowed(ChatAction.VIEW):
+            return True
+        self._access_lost = True
+        await self.close(code=CLOSE_FORBIDDEN)
+        return False
+
     async def chat_events(self, event: dict[str, Any]) -> None:
         """Doorbell: display events up to ``seq`` were written (see runs.events_doorbell)."""
         seq = int(event.get("seq", 0))
         if self.last_seq is None or seq <= self.last_seq:
+            return
+        if not await self._may_still_watch():
             return
         if event.get("after") == self.last_seq and "html" in event and not self._reading_events:
             # The very next events, rendered by the writer: no trip to the database.
@@ -218,7 +244,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
 
     async def chat_stream(self, event: dict[str, Any]) -> None:
         """A snapshot of the reply being streamed."""
-        if self.last_seq is None:
+        if self.last_seq is None or not await self._may_still_watch():
             return
         run_id = str(event.get("run_id"))
         if int(event.get("round", 0)) <= self.flushed_round.get(run_id, -1):
@@ -250,7 +276,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
 
     async def _quiet_push(self) -> None:
         try:
-            await self._push_new_events()
+            if await self._may_still_watch():
+                await self._push_new_events()
         except Exception:  # noqa: BLE001 - a safety net must not take the socket down
             logger.warning("quiet check of chat %s failed", self.chat_id, exc_info=True)
 

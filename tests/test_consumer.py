@@ -29,7 +29,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.test import Client
 
-from chat import access, display, live, runner, runs, store
+from chat import access, consumers, display, live, runner, runs, store
 from chat.core.messages import ChatMessage
 from chat.live import REPLAY_BATCH
 from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
@@ -754,6 +754,44 @@ async def test_a_view_only_user_watches_but_cannot_send_cancel_or_approve(
     await settle()
     assert item_seqs(watcher.pieces) == await adb(expected_item_seqs)(chat.pk)
     await close_all(owner, watcher)
+
+
+async def test_a_watcher_whose_access_is_taken_away_stops_receiving_the_chat(
+    alice, bob, agent, temporary_policy, settings, monkeypatch
+):
+    monkeypatch.setattr(consumers, "ACCESS_RECHECK_SECONDS", 0.05)
+    settings.LYCEUM_DEMO_TOKEN_DELAY = 0.02
+    chat = await new_chat(alice, model="demo")
+    policy = temporary_policy(grant(bob, chat, access.ChatAction.VIEW))
+    owner = await connected(alice, chat.pk)
+    watcher = await connected(bob, chat.pk)
+    await owner.send(action="send", message="long", client_id="own-1")
+    await watcher.until(is_live_stream)  # watching the reply being written
+
+    access._policies.remove(policy)  # say, the student left the teacher's class
+    assert await watcher.closed_with() == 4403
+    for _ in range(3):  # the reply goes on for its owner ...
+        await owner.until(is_live_stream)
+    assert await watcher.nothing(0.1)  # ... and nothing more reaches the watcher
+    await owner.send(action="cancel")
+    await owner.until(lambda p: p.kind == "item" and "stopped" in p.text)
+    await settle()
+    await close_all(owner)
+
+
+async def test_a_deactivated_user_watching_is_closed_out(alice, agent, settings, monkeypatch):
+    monkeypatch.setattr(consumers, "ACCESS_RECHECK_SECONDS", 0.05)
+    settings.LYCEUM_DEMO_TOKEN_DELAY = 0.02
+    chat = await new_chat(alice, model="demo")
+    socket = await connected(alice, chat.pk)
+    other = await connected(alice, chat.pk)  # a second tab, still logged in
+    await socket.send(action="send", message="long", client_id="own-1")
+    await other.until(is_live_stream)
+
+    alice.is_active = False
+    await adb(alice.save)(update_fields=["is_active"])
+    assert await other.closed_with() == 4403
+    assert await socket.closed_with() == 4403
 
 
 # --- stop, approvals, model switch ----------------------------------------------------------------
