@@ -262,18 +262,10 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         loop = asyncio.get_running_loop()
         self._protocol.tls = True
         try:
-            if timeout is None:
+            async with asyncio.timeout(timeout):  # None: no limit
                 tls_transport = await loop.start_tls(
                     self._transport, self._protocol, ssl_context, server_hostname=server_hostname
                 )
-            else:
-                async with asyncio.timeout(timeout):
-                    tls_transport = await loop.start_tls(
-                        self._transport,
-                        self._protocol,
-                        ssl_context,
-                        server_hostname=server_hostname,
-                    )
         except TimeoutError as exc:
             await self.aclose()
             raise httpcore.ConnectTimeout(exc) from exc
@@ -333,7 +325,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
         local_addr = None if local_address is None else (local_address, 0)
         transport: asyncio.BaseTransport | None = None
         try:
-            if timeout is None:
+            async with asyncio.timeout(timeout):  # None: no limit
                 transport, protocol = await loop.create_connection(
                     _StreamProtocol,
                     host,
@@ -341,15 +333,6 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
                     local_addr=local_addr,
                     happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
                 )
-            else:
-                async with asyncio.timeout(timeout):
-                    transport, protocol = await loop.create_connection(
-                        _StreamProtocol,
-                        host,
-                        port,
-                        local_addr=local_addr,
-                        happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
-                    )
             # asyncio already sets TCP_NODELAY; options are applied after connecting,
             # as the anyio backend does.
             sock = transport.get_extra_info("socket")
