@@ -19,7 +19,7 @@ Figures:
   ``--runs`` requests after a warm-up; plus its SQL query count, SQL time and size. Targets from
   the issue: the 10,000-message page within 1.5x of the 10-message page, and < 150 ms.
 * ``replay``: what the chat socket does for a client 1,000 events behind (a reconnect
-  after a long sleep): ``store.display_events_after`` + ``live.fragments_for_events`` in
+  after a long sleep): ``store.display_events_after`` + ``fragments.fragments_for_events`` in
   batches of 200, exactly as ``ChatConsumer._push_new_events`` loops; median over the
   runs, with the bytes it would send.
 
@@ -207,7 +207,7 @@ def measure_page(client, chat_id: str, runs: int) -> dict[str, Any]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from chat import display
+    from chat.presentation import display
 
     url = f"/chat/{chat_id}/"
 
@@ -239,19 +239,19 @@ def measure_page(client, chat_id: str, runs: int) -> dict[str, Any]:
 
 
 def replay(chat_id: str, last_seq: int) -> tuple[int, int, int]:
-    """The consumer's resync loop (``live.next_batch`` until a short batch)."""
-    from chat import live
+    """The consumer's resync loop (``fragments.next_batch`` until a short batch)."""
+    from chat.presentation import fragments
 
     events_sent = batches = size = 0
     while True:
-        events, html = live.next_batch(chat_id, last_seq)
+        events, html = fragments.next_batch(chat_id, last_seq)
         if not events:
             break
         last_seq = events[-1].seq
         events_sent += len(events)
         batches += 1
         size += len(html.encode())
-        if len(events) < live.REPLAY_BATCH:
+        if len(events) < fragments.REPLAY_BATCH:
             break
     return events_sent, batches, size
 

@@ -367,10 +367,10 @@ def create_seats(count: int, base_url: str) -> list[Seat]:
 def new_chats(seats: list[Seat]) -> list[str]:
     from django.contrib.auth import get_user_model
 
-    from chat import runs
+    from chat import actions
 
     users = get_user_model().objects.in_bulk([s.user_id for s in seats])
-    return [str(runs.new_chat(users[s.user_id], model=MODEL_ALIAS).pk) for s in seats]
+    return [str(actions.new_chat(users[s.user_id], model=MODEL_ALIAS).pk) for s in seats]
 
 
 # --- the WebSocket clients ----------------------------------------------------------------------
@@ -615,7 +615,8 @@ class Check:
 
 
 def check_client(client: ClientRun, replies: dict[str, str], check: Check) -> None:
-    from chat import display, store
+    from chat import store
+    from chat.presentation import display
 
     if client.error or not client.done_at:
         check.unfinished += 1

@@ -106,6 +106,12 @@ class Agent(models.Model):
     )
     max_rounds = models.PositiveIntegerField(default=12)
     is_default = models.BooleanField(default=False)
+    personas = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="names this agent speaks as; with names, one reply may hold up to three "
+        "of them, each its own labelled message",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -143,6 +149,9 @@ class Run(models.Model):
     error_message = models.TextField(blank=True)
     partial_text = models.TextField(blank=True)
     partial_reasoning = models.TextField(blank=True)
+    # The cast of a run that speaks with several voices (names); empty: the main agent.
+    # Its partial text is then the raw tagged text, split again wherever it is shown.
+    speakers = models.JSONField(default=list, blank=True)
     checkpoint_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)  # proves a process still runs it
     # Taken by the one process that executes the current leg of the run (see runner._prepare).

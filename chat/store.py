@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from chat.core import eventlog
@@ -154,8 +154,6 @@ def state_events_after(
     chat_id, after_seq: int, *, call_ids: list[str], input_seqs: list[int]
 ) -> list[StoredEvent]:
     """Status events (tool calls, taken inputs) after a page, for the page's calls and inputs."""
-    from django.db.models import Q
-
     if not call_ids and not input_seqs:
         return []
     wanted = Q(kind__in=["tool_start", "tool_end", "approval_required", "approval_decided"]) & Q(
@@ -174,3 +172,37 @@ def state_events_after(
 
 def last_display_seq(chat_id) -> int:
     return ChatSession.objects.values_list("last_display_seq", flat=True).get(pk=chat_id)
+
+
+def latest_display_payload(chat_id, kind: str) -> dict[str, Any] | None:
+    """The payload of the newest display event of ``kind`` (e.g. the context gauge)."""
+    return (
+        ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, kind=kind)
+        .order_by("-seq")
+        .values_list("payload", flat=True)
+        .first()
+    )
+
+
+def run_events(chat_id, run_id: str, kinds: Iterable[str]) -> list[StoredEvent]:
+    """The display events of ``kinds`` that one run wrote, oldest first."""
+    rows = (
+        ChatEvent.objects.filter(
+            chat_id=chat_id, channel=DISPLAY, kind__in=sorted(kinds), payload__run_id=str(run_id)
+        )
+        .order_by("seq")
+        .values_list("seq", "kind", "payload")
+    )
+    return [StoredEvent(seq, kind, payload) for seq, kind, payload in rows]
+
+
+def open_tool_calls(chat_id, run_id: str) -> list[tuple[str, str]]:
+    """(call id, tool name) of the run's tool calls that started and have not ended."""
+    started: dict[str, str] = {}
+    for event in run_events(chat_id, run_id, ("tool_start", "tool_end")):
+        call_id = str(event.payload.get("call_id", ""))
+        if event.kind == "tool_start":
+            started[call_id] = str(event.payload.get("name", ""))
+        else:
+            started.pop(call_id, None)
+    return list(started.items())

@@ -13,11 +13,13 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import display, exports, runs, store
-from chat.access import ChatAction, access_chat
+from chat import actions, store
+from chat.access import ChatAction, access_chat, can_access_chat
 from chat.apikeys import create_api_key, revoke_api_key
-from chat.models import Agent, ApiKey, ChatEvent, ChatSession, Run
-from chat.providers import available_models
+from chat.catalog import available_models
+from chat.models import Agent, ApiKey, ChatSession
+from chat.presentation import display, exports, fragments
+from chat.runhost import transitions
 
 PAGE_ITEMS = 50
 EVENT_BATCH = 200
@@ -104,8 +106,8 @@ def chat_new(request: HttpRequest) -> HttpResponse:
     if slug := request.POST.get("agent"):
         agent = Agent.objects.filter(slug=slug).first()
     try:
-        chat = runs.new_chat(request.user, agent=agent, model=request.POST.get("model", ""))
-    except runs.ActionError as exc:
+        chat = actions.new_chat(request.user, agent=agent, model=request.POST.get("model", ""))
+    except actions.ActionError as exc:
         messages.error(request, exc.message)
         return redirect("home")
     return redirect("chat_detail", chat_id=chat.pk)
@@ -115,13 +117,8 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
     page = page_of_items(chat.pk)
-    live = Run.objects.filter(chat=chat, status__in=runs.LIVE).first()
-    usage = (
-        ChatEvent.objects.filter(chat=chat, channel="display", kind="context_usage")
-        .order_by("-seq")
-        .values_list("payload", flat=True)
-        .first()
-    )
+    live = transitions.live_run(chat)
+    usage = store.latest_display_payload(chat.pk, "context_usage")
     return render(
         request,
         "chat/detail.html",
@@ -130,13 +127,25 @@ def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
             "page": page,
             "last_seq": chat.last_display_seq,
             "live_run": live,
+            "stream_html": _stream_html(live),
             "context_usage": usage,
             "models": available_models(),
             "chats": sidebar_chats(request.user),
-            "can_write": chat.owner_id == request.user.pk,
+            "can_write": can_access_chat(request.user, chat, ChatAction.WRITE),
+            "can_manage": can_access_chat(request.user, chat, ChatAction.MANAGE),
             **_new_chat_options(),
         },
     )
+
+
+def _stream_html(run) -> str:
+    """The reply being written when the page loads (a waiting run types nothing)."""
+    if run is None or run.status != run.Status.RUNNING:
+        return mark_safe(fragments.stream_slot(oob=False))  # noqa: S308 - our template
+    html = fragments.partial_stream_slot(
+        str(run.pk), run.partial_text, run.partial_reasoning, run.speakers, oob=False
+    )
+    return mark_safe(html)  # noqa: S308 - rendered by our template, markdown sanitised
 
 
 @require_GET
@@ -153,8 +162,8 @@ def chat_older(request: HttpRequest, chat_id) -> HttpResponse:
 @require_POST
 def chat_rename(request: HttpRequest, chat_id) -> HttpResponse:
     try:
-        runs.rename_chat(request.user, chat_id, request.POST.get("title", ""))
-    except runs.ActionError as exc:
+        actions.rename_chat(request.user, chat_id, request.POST.get("title", ""))
+    except actions.ActionError as exc:
         messages.error(request, exc.message)
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
     if request.htmx:
@@ -166,8 +175,7 @@ def chat_rename(request: HttpRequest, chat_id) -> HttpResponse:
 def chat_delete(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.MANAGE)
     if request.method == "POST":
-        title = chat.display_title
-        chat.delete()
+        title = actions.delete_chat(request.user, chat.pk)
         messages.success(request, f"Deleted “{title}”.")
         return redirect("home")
     return render(request, "chat/delete.html", {"chat": chat})

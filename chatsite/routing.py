@@ -3,8 +3,8 @@
 from django.conf import settings
 from django.urls import path
 
-from chat.consumers import ChatConsumer
-from chat.runner import RunWorkerConsumer
+from chat.live.consumers import ChatConsumer
+from chat.runhost.worker import RunWorkerConsumer
 
 websocket_urlpatterns = [
     path("ws/chat/<uuid:chat_id>/", ChatConsumer.as_asgi()),

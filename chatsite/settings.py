@@ -145,12 +145,12 @@ if REDIS_URL:
                 "prefix": LYCEUM_REDIS_PREFIX,
             },
         },
-        # Chat doorbells and stream snapshots (chatsite.layers.live_layer): Redis pub/sub
+        # Chat doorbells and stream snapshots (chat.live.layers.live_layer): Redis pub/sub
         # pushes them to each socket's process down one subscription; the default layer
         # costs a blocking pop per message, which a hundred streams queued up behind.
         # At most once, like every doorbell: a page that misses one reads the log.
         "live": {
-            "BACKEND": "chatsite.layers.PipelinedPubSubChannelLayer",
+            "BACKEND": "chat.live.layers.PipelinedPubSubChannelLayer",
             "CONFIG": {
                 "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
                 "prefix": LYCEUM_REDIS_PREFIX,
@@ -158,7 +158,7 @@ if REDIS_URL:
         },
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "chatsite.layers.LeanInMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {"default": {"BACKEND": "chat.live.layers.LeanInMemoryChannelLayer"}}
 
 # --- Auth -------------------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -53,7 +53,7 @@ def make_user(django_user_model):
 def default_agent(db):
     """The default agent. Transactional tests flush the migration's row; the app makes
     it again on demand, and so does this fixture."""
-    from chat.agents import default_agent
+    from chat.catalog import default_agent
 
     return default_agent()
 

@@ -24,7 +24,7 @@ from django.core.management import call_command
 from django.test import AsyncClient
 from django.utils import timezone
 
-from chat import runs
+from chat import actions
 from chat.agent.events import TERMINAL_TYPES, event_from_dict
 from chat.apikeys import authenticate_key, create_api_key
 from chat.models import ApiKey, QueuedInput, Run, ToolApproval
@@ -433,8 +433,10 @@ async def test_bodies_over_the_limit_are_413(api_client, alice_key):
 
 
 async def test_another_users_session_is_404_everywhere(api_client, alice, bob_key, default_agent):
-    chat = await database_sync_to_async(runs.new_chat)(alice)
-    sent = await database_sync_to_async(runs.send_message)(alice, chat.pk, "write file a.md", "c1")
+    chat = await database_sync_to_async(actions.new_chat)(alice)
+    sent = await database_sync_to_async(actions.send_message)(
+        alice, chat.pk, "write file a.md", "c1"
+    )
     approval = await database_sync_to_async(ToolApproval.objects.create)(
         chat=chat,
         run_id=sent.run_id,
@@ -476,7 +478,7 @@ async def test_another_users_session_is_404_everywhere(api_client, alice, bob_ke
 
 
 async def test_approval_answers_are_checked(api_client, alice, alice_key, default_agent):
-    chat = await database_sync_to_async(runs.new_chat)(alice)
+    chat = await database_sync_to_async(actions.new_chat)(alice)
     url = f"/api/v1/chat/{chat.pk}/approvals/call_missing"
     for body, status in (
         ({"decision": "maybe"}, 400),

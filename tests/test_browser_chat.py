@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, WebSocketRoute, expect
 
-from chat import display, store
+from chat import store
 from chat.core.messages import assistant, user
 from chat.models import ChatSession, Provider, ProviderModel, Run
+from chat.presentation import display
 from tests.conftest import login
 from tests.fakeopenai import Script
 

@@ -219,9 +219,9 @@ def _handshake_status(base: str, path: str, cookie: str) -> str:
 
 
 def test_other_users_chat_is_closed_over_http_and_socket(page, serve, alice, bob):
-    from chat import runs
+    from chat import actions
 
-    bobs = runs.new_chat(bob, model="demo", title="Bob's secrets")
+    bobs = actions.new_chat(bob, model="demo", title="Bob's secrets")
     base = serve()
     login(page, base, "alice")
     own = new_chat(page, base)

@@ -49,7 +49,7 @@ def notes(chat, count: int, start: int = 1) -> None:
 
 
 def item_seqs_of(chat, after: int = 0, before: int | None = None) -> list[int]:
-    from chat import display
+    from chat.presentation import display
 
     return [
         e.seq

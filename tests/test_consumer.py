@@ -29,19 +29,22 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.test import Client
 
-from chat import access, consumers, display, live, runner, runs, store
+from chat import access, actions, store
 from chat.core.messages import ChatMessage
-from chat.live import REPLAY_BATCH
+from chat.live import subscription
+from chat.live.layers import live_layer
 from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
+from chat.presentation import display, fragments
+from chat.presentation.fragments import REPLAY_BATCH
+from chat.runhost import executor
 from chatsite.asgi import application
-from chatsite.layers import live_layer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 WAIT = 15.0  # upper bound on any one wait; nothing here normally takes a second
 REDIS_URL = "redis://127.0.0.1:6379"
 ORIGIN = b"http://localhost"
-MEMORY_LAYER = {"default": {"BACKEND": "chatsite.layers.LeanInMemoryChannelLayer"}}
+MEMORY_LAYER = {"default": {"BACKEND": "chat.live.layers.LeanInMemoryChannelLayer"}}
 LAYERS = ["memory", "redis"]
 
 
@@ -61,7 +64,7 @@ def layer_kind(request) -> str:
 @pytest.fixture(autouse=True)
 async def socket_env(settings, tmp_path, layer_kind, transactional_db):
     """In-process runner on a fast demo model, the chosen channel layer, and no run
-    task or sweeper left behind (they are module state of ``chat.runner``)."""
+    task or sweeper left behind (they are module state of ``chat.runhost.executor``)."""
     settings.LYCEUM_RUNNER = "inprocess"
     settings.LYCEUM_WORKSPACE_ROOT = tmp_path / "workspaces"
     settings.LYCEUM_DEMO_TOKEN_DELAY = 0.002
@@ -79,16 +82,16 @@ async def socket_env(settings, tmp_path, layer_kind, transactional_db):
                 "CONFIG": {"hosts": hosts, "prefix": prefix},
             },
             "live": {
-                "BACKEND": "chatsite.layers.PipelinedPubSubChannelLayer",
+                "BACKEND": "chat.live.layers.PipelinedPubSubChannelLayer",
                 "CONFIG": {"hosts": hosts, "prefix": prefix},
             },
         }
     else:
         settings.CHANNEL_LAYERS = MEMORY_LAYER
     layer = get_channel_layer()
-    assert not runner._tasks
+    assert not executor._tasks
     yield layer
-    await runner.stop_all()
+    await executor.stop_all()
     await layer.flush()
     await live_layer().flush()
     if layer_kind == "redis":
@@ -319,7 +322,7 @@ async def close_all(*sockets: Socket) -> None:
 
 
 async def new_chat(user, model: str = "demo-fast") -> ChatSession:
-    return await adb(runs.new_chat)(user, model=model)
+    return await adb(actions.new_chat)(user, model=model)
 
 
 def expected_item_seqs(chat_id, after: int = 0) -> list[int]:
@@ -348,8 +351,8 @@ def counts(chat_id) -> dict[str, int]:
 async def settle(timeout: float = WAIT) -> None:
     """Wait until no run task is left (including runs started after another ended)."""
     async with asyncio.timeout(timeout):
-        while runner._tasks:
-            await asyncio.gather(*list(runner._tasks.values()), return_exceptions=True)
+        while executor._tasks:
+            await asyncio.gather(*list(executor._tasks.values()), return_exceptions=True)
             await asyncio.sleep(0)
 
 
@@ -363,8 +366,7 @@ async def until(check: Callable[[], Any], timeout: float = WAIT) -> Any:
 
 async def exchange(user, chat: ChatSession, text: str) -> None:
     """One finished exchange, started the way the socket starts it."""
-    sent = await adb(runs.send_message)(user, chat.pk, text, uuid.uuid4().hex)
-    await runner.dispatch(sent.run_id)
+    await adb(actions.send_message)(user, chat.pk, text, uuid.uuid4().hex)
     await settle()
 
 
@@ -433,14 +435,14 @@ async def test_a_reply_arrives_as_fragments_in_order(alice, agent, layer_kind):
 def count_log_reads(monkeypatch) -> list[int]:
     """How many events each read of the log by a socket returned."""
     reads: list[int] = []
-    original = live.next_batch
+    original = fragments.next_batch
 
     def counting(chat_id, after_seq):
         events, html = original(chat_id, after_seq)
         reads.append(len(events))
         return events, html
 
-    monkeypatch.setattr(live, "next_batch", counting)
+    monkeypatch.setattr(fragments, "next_batch", counting)
     return reads
 
 
@@ -759,7 +761,7 @@ async def test_a_view_only_user_watches_but_cannot_send_cancel_or_approve(
 async def test_a_watcher_whose_access_is_taken_away_stops_receiving_the_chat(
     alice, bob, agent, temporary_policy, settings, monkeypatch
 ):
-    monkeypatch.setattr(consumers, "ACCESS_RECHECK_SECONDS", 0.05)
+    monkeypatch.setattr(subscription, "ACCESS_RECHECK_SECONDS", 0.05)
     settings.LYCEUM_DEMO_TOKEN_DELAY = 0.02
     chat = await new_chat(alice, model="demo")
     policy = temporary_policy(grant(bob, chat, access.ChatAction.VIEW))
@@ -780,7 +782,7 @@ async def test_a_watcher_whose_access_is_taken_away_stops_receiving_the_chat(
 
 
 async def test_a_deactivated_user_watching_is_closed_out(alice, agent, settings, monkeypatch):
-    monkeypatch.setattr(consumers, "ACCESS_RECHECK_SECONDS", 0.05)
+    monkeypatch.setattr(subscription, "ACCESS_RECHECK_SECONDS", 0.05)
     settings.LYCEUM_DEMO_TOKEN_DELAY = 0.02
     chat = await new_chat(alice, model="demo")
     socket = await connected(alice, chat.pk)

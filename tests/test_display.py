@@ -6,9 +6,10 @@ import re
 
 import pytest
 
-from chat import display, store
+from chat import store
 from chat.core.eventlog import msg_event
 from chat.core.messages import ChatMessage, ToolCall
+from chat.presentation import display
 
 pytestmark = pytest.mark.django_db
 

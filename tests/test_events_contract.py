@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from chat import follow, runner, runs, store
+from chat import actions, store
 from chat.agent import events as ev
+from chat.api import follow
 from chat.models import Run
+from chat.runhost import executor, transitions
 from tests.fakeopenai import Script
 from tests.test_runner import (  # noqa: F401 - fixtures are used by name
     WAIT,
@@ -150,14 +152,11 @@ async def test_the_events_the_runner_stores_parse(alice, agent, runtime, fake_mo
         await send(alice, chat, text)
         await settle()
     _run_id, approval = await _wait_for_approval(alice, chat, "write file notes.md")
-    decided = await adb(runs.decide_approval)(
-        alice, chat.pk, approval.call_id, approve=False, reason="no"
-    )
-    await runner.dispatch(decided.run_id, resume=True)
+    await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=False, reason="no")
     await settle()
     await _wait_for_approval(alice, chat, "write file notes.md")
-    await adb(runs.cancel_run)(alice, chat.pk)
-    await adb(runs.switch_model)(alice, chat.pk, "fake-model")
+    await adb(actions.cancel_run)(alice, chat.pk)
+    await adb(actions.switch_model)(alice, chat.pk, "fake-model")
     fake_model.enqueue(
         Script(tokens=[f"t{i} " for i in range(300)], token_delay=0.02),
         Script(status=500),
@@ -166,10 +165,10 @@ async def test_the_events_the_runner_stores_parse(alice, agent, runtime, fake_mo
     # A run left running by a "dead process", then recovered.
     dying = await send(alice, chat, "hello")
     await until(lambda: Run.objects.get(pk=dying.run_id).partial_text)
-    task = runner.local_task(dying.run_id)
+    task = executor.local_task(dying.run_id)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    assert await adb(runner.recover_stale_runs)(everything=True) == [dying.run_id]
+    assert await adb(transitions.recover_stale_runs)(everything=True) == [dying.run_id]
     await send(alice, chat, "through the fake server")
     await settle()
 
@@ -200,7 +199,7 @@ async def test_the_events_the_api_follower_yields_parse(alice, agent, runtime):
     runtime.LYCEUM_DEMO_TOKEN_DELAY = 0.002
     runtime.LYCEUM_STREAM_PUSH_INTERVAL = 0.0
     chat = await new_chat(alice, "demo")
-    sent = await adb(runs.send_message)(alice, chat.pk, "calculate 6*7", uuid.uuid4().hex)
+    sent = await adb(actions.send_message)(alice, chat.pk, "calculate 6*7", uuid.uuid4().hex)
     follower = follow.RunFollower(
         chat_id=str(chat.pk),
         last_seq=sent.display_seq,
@@ -214,7 +213,6 @@ async def test_the_events_the_api_follower_yields_parse(alice, agent, runtime):
             items.append(item)
 
     collector = asyncio.create_task(collect())
-    await runner.dispatch(sent.run_id)
     await asyncio.wait_for(collector, WAIT)
     await settle()
 

@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from chatsite import layers
-from chatsite.layers import LeanInMemoryChannelLayer, PipelinedPubSubChannelLayer
+from chat.live import doorbell, layers
+from chat.live.layers import LeanInMemoryChannelLayer, PipelinedPubSubChannelLayer
 
 
 async def test_a_group_message_reaches_every_member_once():
@@ -198,7 +198,7 @@ async def test_a_send_from_the_database_thread_does_not_hold_that_thread():
     layer.group_send = slow_group_send
 
     def job() -> str:  # as a run's database job rings after its commit
-        layers.group_send_soon(layer, "chat.1", {"type": "chat.events", "seq": 7})
+        doorbell.group_send_soon(layer, "chat.1", {"type": "chat.events", "seq": 7})
         return "done"
 
     assert await asyncio.wait_for(database_sync_to_async(job)(), 2) == "done"
@@ -214,5 +214,5 @@ def test_a_send_from_plain_sync_code_is_made_there_and_then():
         sent.append(message)
 
     layer.group_send = group_send
-    layers.group_send_soon(layer, "chat.1", {"type": "x"})
+    doorbell.group_send_soon(layer, "chat.1", {"type": "x"})
     assert sent == [{"type": "x"}]

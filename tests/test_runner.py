@@ -1,6 +1,6 @@
 """The in-process runner end to end: a real database, the demo model and the fake OpenAI server.
 
-Runs start the way the views start them (``runs.send_message`` then ``runner.dispatch``)
+Runs start the way the views start them (``actions.send_message``, which launches its run)
 and every test checks what the database says afterwards: the Run row, the display
 events (exactly one terminal event per run, gap-free seqs), the persisted context
 (never a tool call without its results) and that nothing is left running.
@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from chat import providers, runner, runs, store
+from chat import actions, catalog, store
 from chat.agent.events import TERMINAL_TYPES
 from chat.core import eventlog
 from chat.models import (
@@ -39,6 +39,8 @@ from chat.models import (
     Run,
     ToolApproval,
 )
+from chat.runhost import executor, transitions, worker
+from chat.runhost import host as run_host
 from tests.fakeopenai import FakeOpenAI, FakeToolCall, Script
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -78,9 +80,9 @@ def runtime(settings, tmp_path):
 @pytest.fixture
 async def runner_state(transactional_db):
     """The test starts and ends with no run task and no sweeper (they are module state)."""
-    assert not runner._tasks
+    assert not executor._tasks
     yield
-    await runner.stop_all()
+    await executor.stop_all()
 
 
 @pytest.fixture(autouse=True)
@@ -104,21 +106,20 @@ def fake_model(fake_openai: FakeOpenAI, transactional_db) -> FakeOpenAI:
 
 
 async def new_chat(user, model: str = "demo-fast") -> ChatSession:
-    return await adb(runs.new_chat)(user, model=model)
+    return await adb(actions.new_chat)(user, model=model)
 
 
-async def send(user, chat: ChatSession, text: str) -> runs.SendResult:
-    """Send like the views do: store the message, then dispatch the run it started."""
-    sent = await adb(runs.send_message)(user, chat.pk, text, uuid.uuid4().hex)
-    await runner.dispatch(sent.run_id)
+async def send(user, chat: ChatSession, text: str) -> actions.SendResult:
+    """Send like the views do: the action stores the message and launches its run."""
+    sent = await adb(actions.send_message)(user, chat.pk, text, uuid.uuid4().hex)
     return sent
 
 
 async def settle(timeout: float = WAIT) -> None:
     """Wait until no run task is left (runs started by ``_start_next`` included)."""
     async with asyncio.timeout(timeout):
-        while runner._tasks:
-            await asyncio.gather(*list(runner._tasks.values()), return_exceptions=True)
+        while executor._tasks:
+            await asyncio.gather(*list(executor._tasks.values()), return_exceptions=True)
             await asyncio.sleep(0)
 
 
@@ -195,8 +196,8 @@ def check_chat(chat) -> list[Run]:
 
 
 def assert_nothing_live() -> None:
-    assert not runner._tasks
-    assert not Run.objects.filter(status__in=runs.LIVE).exists()
+    assert not executor._tasks
+    assert not Run.objects.filter(status__in=transitions.LIVE).exists()
 
 
 def pending_approvals(chat) -> list[ToolApproval]:
@@ -296,9 +297,9 @@ def test_the_bookkeeping_of_many_runs_is_one_transaction_of_three_statements(ali
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from chat.keeper import Checkpoint, keep_runs
+    from chat.runhost.keeper import Checkpoint, keep_runs
 
-    chats = [runs.new_chat(alice) for _ in range(30)]
+    chats = [actions.new_chat(alice) for _ in range(30)]
     running = [_running_run(chat, partial="", heartbeat_age=600) for chat in chats[:28]]
     waiting = _running_run(chats[28], partial="Kept", heartbeat_age=600)
     Run.objects.filter(pk=waiting.pk).update(status=Run.Status.WAITING)
@@ -347,13 +348,13 @@ async def test_cancel_closes_the_upstream_request_and_keeps_the_partial_text(
     await until(lambda: run_row(sent.run_id).partial_text)
 
     with pytest.raises(Http404):  # another user's chat looks like no chat at all
-        await adb(runs.cancel_run)(bob, chat.pk)
-    assert await adb(runs.cancel_run)(alice, chat.pk) == sent.run_id
+        await adb(actions.cancel_run)(bob, chat.pk)
+    assert await adb(actions.cancel_run)(alice, chat.pk) == sent.run_id
     # The upstream HTTP request is closed within a second of the cancel.
     assert await fake_model.wait_for_disconnect_async(1, timeout=1.0)
-    assert await adb(runs.cancel_run)(alice, chat.pk) in (sent.run_id, None)  # idempotent
+    assert await adb(actions.cancel_run)(alice, chat.pk) in (sent.run_id, None)  # idempotent
     await settle()
-    assert await adb(runs.cancel_run)(alice, chat.pk) is None  # idle: nothing to cancel
+    assert await adb(actions.cancel_run)(alice, chat.pk) is None  # idle: nothing to cancel
 
     run = await adb(run_row)(sent.run_id)
     assert run.status == Run.Status.CANCELLED
@@ -410,15 +411,15 @@ def _running_run(chat, *, partial: str, heartbeat_age: float | None) -> Run:
 
 @pytest.mark.persistence
 def test_start_up_recovery_interrupts_every_running_run_with_its_checkpoint(alice, agent):
-    chat = runs.new_chat(alice, model="demo-fast")
-    runs.send_message(alice, chat.pk, "hello", "c1")  # creates the live run
+    chat = actions.new_chat(alice, model="demo-fast")
+    actions.send_message(alice, chat.pk, "hello", "c1")  # creates the live run
     run = Run.objects.get(chat=chat)
     Run.objects.filter(pk=run.pk).update(
         partial_text="Half a rep", partial_reasoning="Thinking", heartbeat_at=timezone.now()
     )
 
-    assert runner.recover_stale_runs(everything=True) == [str(run.pk)]
-    assert runner.recover_stale_runs(everything=True) == []  # once only
+    assert transitions.recover_stale_runs(everything=True) == [str(run.pk)]
+    assert transitions.recover_stale_runs(everything=True) == []  # once only
 
     run.refresh_from_db()
     assert (run.status, run.partial_text) == (Run.Status.INTERRUPTED, "Half a rep")
@@ -438,14 +439,14 @@ def test_start_up_recovery_interrupts_every_running_run_with_its_checkpoint(alic
 
 @pytest.mark.persistence
 def test_only_runs_with_a_stale_heartbeat_are_recovered_while_running(alice, agent):
-    stale_chat = runs.new_chat(alice, model="demo-fast")
-    silent_chat = runs.new_chat(alice, model="demo-fast")
-    alive_chat = runs.new_chat(alice, model="demo-fast")
+    stale_chat = actions.new_chat(alice, model="demo-fast")
+    silent_chat = actions.new_chat(alice, model="demo-fast")
+    alive_chat = actions.new_chat(alice, model="demo-fast")
     stale = _running_run(stale_chat, partial="Old text", heartbeat_age=600)
     silent = _running_run(silent_chat, partial="", heartbeat_age=None)  # never beat, old
     alive = _running_run(alive_chat, partial="Fresh text", heartbeat_age=0.5)
 
-    assert sorted(runner.recover_stale_runs()) == sorted([str(stale.pk), str(silent.pk)])
+    assert sorted(transitions.recover_stale_runs()) == sorted([str(stale.pk), str(silent.pk)])
     assert Run.objects.get(pk=alive.pk).status == Run.Status.RUNNING
     assert Run.objects.get(pk=stale.pk).status == Run.Status.INTERRUPTED
     assert Run.objects.get(pk=silent.pk).status == Run.Status.INTERRUPTED
@@ -464,7 +465,7 @@ async def test_a_run_whose_process_died_is_interrupted_with_its_last_checkpoint(
     sent = await send(alice, chat, "go on")
     await until(lambda: len(run_row(sent.run_id).partial_text) > 10)
     # The process goes away: its task dies without writing a terminal state.
-    task = runner.local_task(sent.run_id)
+    task = executor.local_task(sent.run_id)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await settle()
@@ -472,7 +473,7 @@ async def test_a_run_whose_process_died_is_interrupted_with_its_last_checkpoint(
     assert run.status == Run.Status.RUNNING
     checkpoint = run.partial_text
 
-    assert await adb(runner.recover_stale_runs)(everything=True) == [sent.run_id]
+    assert await adb(transitions.recover_stale_runs)(everything=True) == [sent.run_id]
     run = await adb(run_row)(sent.run_id)
     assert (run.status, run.partial_text) == (Run.Status.INTERRUPTED, checkpoint)
     events = await adb(display)(chat)
@@ -529,7 +530,7 @@ async def test_a_message_left_queued_starts_the_next_run_when_the_current_one_en
     await until(lambda: run_row(first.run_id).partial_text)
     second = await send(alice, chat, "queued while busy")
     assert second.queued
-    await adb(runs.cancel_run)(alice, chat.pk)
+    await adb(actions.cancel_run)(alice, chat.pk)
     await settle()
 
     chat_runs = await adb(check_chat)(chat)
@@ -569,24 +570,23 @@ async def test_deny_with_a_reason_survives_a_restart_and_the_model_sees_the_reas
     assert not notes.exists()  # never executed without an answer
 
     # "Restart": nothing is in memory, start-up recovery leaves a waiting run alone.
-    assert not runner._tasks
-    assert await adb(runner.recover_stale_runs)(everything=True) == []
+    assert not executor._tasks
+    assert await adb(transitions.recover_stale_runs)(everything=True) == []
     assert (await adb(run_row)(run_id)).status == Run.Status.WAITING
 
     with pytest.raises(Http404):
-        await adb(runs.decide_approval)(bob, chat.pk, approval.call_id, approve=True)
-    with pytest.raises(runs.ActionError) as wrong_call:
-        await adb(runs.decide_approval)(alice, chat.pk, "call_other", approve=True)
+        await adb(actions.decide_approval)(bob, chat.pk, approval.call_id, approve=True)
+    with pytest.raises(actions.ActionError) as wrong_call:
+        await adb(actions.decide_approval)(alice, chat.pk, "call_other", approve=True)
     assert wrong_call.value.code == "not_found"
-    decided = await adb(runs.decide_approval)(
+    decided = await adb(actions.decide_approval)(
         alice, chat.pk, approval.call_id, approve=False, reason="keep the folder clean"
     )
-    assert decided == runs.DecideResult(run_id, "denied")
-    await runner.dispatch(decided.run_id, resume=True)
+    assert decided == actions.DecideResult(run_id, "denied")
     await settle()
     # Deciding again changes nothing and resumes nothing.
-    again = await adb(runs.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
-    assert again == runs.DecideResult(None, "denied")
+    again = await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
+    assert again == actions.DecideResult(None, "denied")
 
     assert not notes.exists()
     run = await adb(run_row)(run_id)
@@ -608,18 +608,14 @@ async def test_deny_with_a_reason_survives_a_restart_and_the_model_sees_the_reas
 async def test_approve_once_then_allow_for_the_rest_of_the_chat(alice, agent, runtime):
     chat = await new_chat(alice)
     run_id, approval = await _wait_for_approval(alice, chat, "write file notes.md")
-    decided = await adb(runs.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
-    await runner.dispatch(decided.run_id, resume=True)
+    await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
     await settle()
     assert workspace_file(runtime, chat, "notes.md").exists()
     assert (await adb(run_row)(run_id)).status == Run.Status.COMPLETED
 
     # Approved once only: the next write asks again; this time "always".
     run_id, approval = await _wait_for_approval(alice, chat, "write file plan.md")
-    decided = await adb(runs.decide_approval)(
-        alice, chat.pk, approval.call_id, approve=True, always=True
-    )
-    await runner.dispatch(decided.run_id, resume=True)
+    await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=True, always=True)
     await settle()
     assert workspace_file(runtime, chat, "plan.md").exists()
     assert await adb(ChatToolGrant.objects.filter(chat=chat, tool_name="write_file").exists)()
@@ -634,7 +630,7 @@ async def test_approve_once_then_allow_for_the_rest_of_the_chat(alice, agent, ru
     assert workspace_file(runtime, chat, "todo.md").exists()
     other_chat = await new_chat(alice)
     await _wait_for_approval(alice, other_chat, "write file todo.md")
-    await adb(runs.cancel_run)(alice, other_chat.pk)
+    await adb(actions.cancel_run)(alice, other_chat.pk)
     await adb(check_chat)(chat)
     await adb(check_chat)(other_chat)
     await adb(assert_nothing_live)()
@@ -645,7 +641,7 @@ async def test_an_unanswered_approval_expires_and_counts_as_denied(alice, agent,
     chat = await new_chat(alice)
     run_id, approval = await _wait_for_approval(alice, chat, "write file notes.md")
     await until(lambda: timezone.now() > ToolApproval.objects.get(pk=approval.pk).expires_at)
-    await runner.sweep_once()
+    await executor.sweep_once()
     await settle()
 
     approval = await adb(ToolApproval.objects.get)(pk=approval.pk)
@@ -660,8 +656,8 @@ async def test_an_unanswered_approval_expires_and_counts_as_denied(alice, agent,
     assert tool_end["status"] == "denied" and "expired" in tool_end["output"]
     assert "expired" in terminal_of(events, run_id)["text"]
     # A late answer is idempotent.
-    late = await adb(runs.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
-    assert late == runs.DecideResult(None, "expired")
+    late = await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
+    assert late == actions.DecideResult(None, "expired")
     await adb(check_chat)(chat)
     await adb(assert_nothing_live)()
 
@@ -669,10 +665,10 @@ async def test_an_unanswered_approval_expires_and_counts_as_denied(alice, agent,
 async def test_cancelling_a_waiting_run_ends_it_and_its_approvals(alice, agent, runtime):
     chat = await new_chat(alice)
     run_id, approval = await _wait_for_approval(alice, chat, "write file notes.md")
-    assert await adb(runs.cancel_run)(alice, chat.pk) == run_id
-    assert await adb(runs.cancel_run)(alice, chat.pk) is None
-    late = await adb(runs.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
-    assert late == runs.DecideResult(None, "denied")
+    assert await adb(actions.cancel_run)(alice, chat.pk) == run_id
+    assert await adb(actions.cancel_run)(alice, chat.pk) is None
+    late = await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
+    assert late == actions.DecideResult(None, "denied")
     await settle()
     assert (await adb(run_row)(run_id)).status == Run.Status.CANCELLED
     assert not workspace_file(runtime, chat, "notes.md").exists()
@@ -702,14 +698,13 @@ async def test_each_approval_is_bound_to_its_own_call(alice, agent, runtime, fak
     assert (await adb(run_row)(sent.run_id)).status == Run.Status.WAITING
     assert [a.call_id for a in await adb(pending_approvals)(chat)] == ["call_a", "call_b"]
 
-    first = await adb(runs.decide_approval)(alice, chat.pk, "call_b", approve=False, reason="no")
-    assert first == runs.DecideResult(None, "denied")  # call_a still waits: no resume yet
+    first = await adb(actions.decide_approval)(alice, chat.pk, "call_b", approve=False, reason="no")
+    assert first == actions.DecideResult(None, "denied")  # call_a still waits: no resume yet
     assert (await adb(run_row)(sent.run_id)).status == Run.Status.WAITING
     # A model switched while waiting applies to the resumed leg's next request.
-    await adb(runs.switch_model)(alice, chat.pk, "fake-other")
-    second = await adb(runs.decide_approval)(alice, chat.pk, "call_a", approve=True)
-    assert second == runs.DecideResult(sent.run_id, "approved")
-    await runner.dispatch(second.run_id, resume=True)
+    await adb(actions.switch_model)(alice, chat.pk, "fake-other")
+    second = await adb(actions.decide_approval)(alice, chat.pk, "call_a", approve=True)
+    assert second == actions.DecideResult(sent.run_id, "approved")
     await settle()
 
     assert workspace_file(runtime, chat, "a.md").read_text() == "A"
@@ -736,8 +731,7 @@ async def test_time_spent_waiting_for_an_answer_does_not_count_for_the_hang_guar
     chat = await new_chat(alice)
     run_id, approval = await _wait_for_approval(alice, chat, "write file notes.md")
     await asyncio.sleep(1.2)
-    decided = await adb(runs.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
-    await runner.dispatch(decided.run_id, resume=True)
+    await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
     await settle()
     assert (await adb(run_row)(run_id)).status == Run.Status.COMPLETED
     assert workspace_file(runtime, chat, "notes.md").exists()
@@ -750,9 +744,7 @@ async def test_a_message_queued_behind_a_cancelled_waiting_run_gets_its_own_run(
     run_id, _approval = await _wait_for_approval(alice, chat, "write file notes.md")
     queued = await send(alice, chat, "calculate 2*21")
     assert queued.queued
-    await adb(runs.cancel_run)(alice, chat.pk)
-    # The API's cancel (and the sweeper, for other callers) starts the queued message's run.
-    await runner.start_next_run(chat.pk)
+    await adb(actions.cancel_run)(alice, chat.pk)
     await settle()
     chat_runs = await adb(check_chat)(chat)
     assert [r.status for r in chat_runs] == [Run.Status.CANCELLED, Run.Status.COMPLETED]
@@ -770,7 +762,7 @@ async def test_the_sweeper_starts_runs_for_messages_nothing_else_would_start(
     waiting_chat = await new_chat(alice)
     await _wait_for_approval(alice, waiting_chat, "write file notes.md")
     queued = await send(alice, waiting_chat, "hello again")
-    await adb(runs.cancel_run)(alice, waiting_chat.pk)  # a caller that does not start the next
+    await adb(actions.cancel_run)(alice, waiting_chat.pk)  # a caller that does not start the next
     # A run that failed before taking its own message must not be retried forever.
     broken_chat = await new_chat(alice, "fake-model")
     await adb(ProviderModel.objects.filter(alias="fake-model").update)(enabled=False)
@@ -778,9 +770,9 @@ async def test_the_sweeper_starts_runs_for_messages_nothing_else_would_start(
     await settle()
     assert (await adb(run_row)(failed.run_id)).status == Run.Status.FAILED
 
-    await runner.sweep_once()
+    await executor.sweep_once()
     await settle()
-    await runner.sweep_once()
+    await executor.sweep_once()
     await settle()
     chat_runs = await adb(check_chat)(waiting_chat)
     assert [r.status for r in chat_runs] == [Run.Status.CANCELLED, Run.Status.COMPLETED]
@@ -796,7 +788,7 @@ async def test_the_sweeper_starts_runs_for_messages_nothing_else_would_start(
 async def test_a_cancel_before_the_run_takes_its_message_is_not_answered_by_a_new_run(
     alice, agent, runtime, monkeypatch
 ):
-    original = runs.DjangoRunHost.take_queued
+    original = run_host.DjangoRunHost.take_queued
     reached = asyncio.Event()
 
     async def take_queued_after_a_pause(host):
@@ -805,12 +797,11 @@ async def test_a_cancel_before_the_run_takes_its_message_is_not_answered_by_a_ne
             await asyncio.sleep(WAIT)  # the cancel lands here, before anything is taken
         return await original(host)
 
-    monkeypatch.setattr(runs.DjangoRunHost, "take_queued", take_queued_after_a_pause)
+    monkeypatch.setattr(run_host.DjangoRunHost, "take_queued", take_queued_after_a_pause)
     chat = await new_chat(alice)
     sent = await send(alice, chat, "hello")
     await asyncio.wait_for(reached.wait(), WAIT)
-    assert await adb(runs.cancel_run)(alice, chat.pk) == sent.run_id
-    await runner.start_next_run(chat.pk)
+    assert await adb(actions.cancel_run)(alice, chat.pk) == sent.run_id
     await settle()
     chat_runs = await adb(check_chat)(chat)
     assert [r.status for r in chat_runs] == [Run.Status.CANCELLED]
@@ -820,7 +811,7 @@ async def test_a_cancel_before_the_run_takes_its_message_is_not_answered_by_a_ne
 async def test_a_cancel_that_races_the_approval_request_is_not_lost(alice, agent, runtime):
     chat = await new_chat(alice)
     sent = await send(alice, chat, "write file notes.md")
-    await adb(runs.cancel_run)(alice, chat.pk)  # before the run reaches its approval request
+    await adb(actions.cancel_run)(alice, chat.pk)  # before the run reaches its approval request
     await settle()
     run = await adb(run_row)(sent.run_id)
     assert run.status == Run.Status.CANCELLED
@@ -834,13 +825,13 @@ async def test_a_cancel_that_races_the_approval_request_is_not_lost(alice, agent
 async def test_a_cancel_delivered_while_the_approval_request_is_stored(
     alice, agent, runtime, monkeypatch
 ):
-    original = runs.DjangoRunHost._suspend
+    original = run_host.DjangoRunHost._suspend
 
     def cancel_then_suspend(host, message, pending):
-        runs.cancel_run(alice, host.chat_id)  # rings the watcher while this commit runs
+        actions.cancel_run(alice, host.chat_id)  # rings the watcher while this commit runs
         original(host, message, pending)
 
-    monkeypatch.setattr(runs.DjangoRunHost, "_suspend", cancel_then_suspend)
+    monkeypatch.setattr(run_host.DjangoRunHost, "_suspend", cancel_then_suspend)
     chat = await new_chat(alice)
     sent = await send(alice, chat, "write file notes.md")
     await settle()
@@ -849,9 +840,9 @@ async def test_a_cancel_delivered_while_the_approval_request_is_stored(
     # Nothing is left to answer, and a late answer changes nothing.
     assert await adb(pending_approvals)(chat) == []
     approval = await adb(ToolApproval.objects.get)(run_id=run.pk)
-    late = await adb(runs.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
+    late = await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
     assert late.run_id is None
-    await runner.sweep_once()
+    await executor.sweep_once()
     await settle()
     assert not workspace_file(runtime, chat, "notes.md").exists()
     await adb(check_chat)(chat)
@@ -914,8 +905,7 @@ async def test_every_doorbell_rings_after_its_events_are_committed(
     await send(alice, chat, "calculate 12*7")
     await settle()
     _run_id, approval = await _wait_for_approval(alice, chat, "write file notes.md")
-    decided = await adb(runs.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
-    await runner.dispatch(decided.run_id, resume=True)
+    await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=True)
     await settle()
 
     assert rung and not missing
@@ -948,32 +938,32 @@ async def test_switching_model_mid_chat_applies_to_the_next_request(
     chat = await new_chat(alice, "fake-model")
     await send(alice, chat, "one")
     await settle()
-    assert await adb(runs.switch_model)(alice, chat.pk, "fake-other") == "fake-other"
+    assert await adb(actions.switch_model)(alice, chat.pk, "fake-other") == "fake-other"
     sent = await send(alice, chat, "two")
     await settle()
     assert [r.json["model"] for r in fake_model.chat_requests()] == ["gpt-fake", "gpt-other"]
     assert (await adb(run_row)(sent.run_id)).model == "fake-other"
     with pytest.raises(Http404):
-        await adb(runs.switch_model)(bob, chat.pk, "fake-model")
+        await adb(actions.switch_model)(bob, chat.pk, "fake-model")
     await adb(check_chat)(chat)
 
 
 def test_disabled_models_and_providers_are_rejected(alice, agent, fake_model):
     provider = Provider.objects.get(name="fake")
     ProviderModel.objects.create(provider=provider, alias="off", model_id="m", enabled=False)
-    aliases = {c.alias for c in providers.available_models()}
+    aliases = {c.alias for c in catalog.available_models()}
     assert "fake-model" in aliases and "off" not in aliases
-    chat = runs.new_chat(alice, model="fake-model")
+    chat = actions.new_chat(alice, model="fake-model")
     for alias in ("off", "no-such-model"):
-        with pytest.raises(runs.ActionError) as error:
-            runs.new_chat(alice, model=alias)
+        with pytest.raises(actions.ActionError) as error:
+            actions.new_chat(alice, model=alias)
         assert error.value.code == "unknown_model"
-        with pytest.raises(runs.ActionError) as error:
-            runs.switch_model(alice, chat.pk, alias)
+        with pytest.raises(actions.ActionError) as error:
+            actions.switch_model(alice, chat.pk, alias)
         assert error.value.code == "unknown_model"
     Provider.objects.filter(pk=provider.pk).update(enabled=False)
-    with pytest.raises(runs.ActionError) as error:
-        runs.new_chat(alice, model="fake-model")
+    with pytest.raises(actions.ActionError) as error:
+        actions.new_chat(alice, model="fake-model")
     assert error.value.code == "unknown_model"
 
 
@@ -993,26 +983,26 @@ async def test_a_chat_whose_model_was_disabled_fails_its_next_run_cleanly(
 
 
 def test_environment_bootstrap_lists_the_configured_models(settings, fake_openai, transactional_db):
-    providers._env_models.cache_clear()
+    catalog._env_models.cache_clear()
     settings.LYCEUM_OPENAI_BASE_URL = fake_openai.base_url
     settings.LYCEUM_OPENAI_API_KEY = "sk-env-key-0123456789"
     settings.LYCEUM_OPENAI_MODELS = ["env-a", "env-b"]
-    choices = {c.alias: c for c in providers.available_models()}
+    choices = {c.alias: c for c in catalog.available_models()}
     assert {"env-a", "env-b", "demo", "demo-fast"} <= set(choices)
-    assert choices["env-a"].provider_name == providers.ENV_PROVIDER
+    assert choices["env-a"].provider_name == catalog.ENV_PROVIDER
     assert fake_openai.requests == []  # a configured list needs no request
 
     settings.LYCEUM_OPENAI_MODELS = []
-    aliases = [c.alias for c in providers.available_models()]
+    aliases = [c.alias for c in catalog.available_models()]
     assert aliases[:2] == ["fake-model", "fake-reasoner"]  # the server's /models list
     (listing,) = fake_openai.requests
     assert listing.path.endswith("/models")
     assert listing.headers["authorization"] == "Bearer sk-env-key-0123456789"
-    providers._env_models.cache_clear()
+    catalog._env_models.cache_clear()
 
 
 async def test_a_run_on_an_environment_model_reaches_the_server(alice, agent, runtime, fake_openai):
-    providers._env_models.cache_clear()
+    catalog._env_models.cache_clear()
     runtime.LYCEUM_OPENAI_BASE_URL = fake_openai.base_url
     runtime.LYCEUM_OPENAI_API_KEY = "sk-env-key-0123456789"
     runtime.LYCEUM_OPENAI_MODELS = []
@@ -1021,7 +1011,7 @@ async def test_a_run_on_an_environment_model_reaches_the_server(alice, agent, ru
         sent = await send(alice, chat, "hello")
         await settle()
     finally:
-        providers._env_models.cache_clear()
+        catalog._env_models.cache_clear()
     (request,) = fake_openai.chat_requests()
     assert request.json["model"] == "fake-reasoner"
     assert request.headers["authorization"] == "Bearer sk-env-key-0123456789"
@@ -1091,7 +1081,7 @@ async def _act(user, chat, action: tuple) -> None:
         waiting = await adb(pending_approvals)(chat)
         if waiting:
             approve = kind == "approve"
-            decided = await adb(runs.decide_approval)(
+            await adb(actions.decide_approval)(
                 user,
                 chat.pk,
                 waiting[0].call_id,
@@ -1099,7 +1089,6 @@ async def _act(user, chat, action: tuple) -> None:
                 reason="" if approve else action[1],
                 always=approve and action[1],
             )
-            await runner.dispatch(decided.run_id, resume=True)
     elif kind == "cancel":
         await asyncio.sleep(action[1])
         await cancel(user, chat)
@@ -1108,16 +1097,15 @@ async def _act(user, chat, action: tuple) -> None:
 
 
 async def cancel(user, chat) -> None:
-    """Cancel like the API does: a cancelled waiting run hands over to what was queued."""
-    await adb(runs.cancel_run)(user, chat.pk)
-    await runner.start_next_run(chat.pk)
+    """Cancel like the API does (a cancelled waiting run hands over to what was queued)."""
+    await adb(actions.cancel_run)(user, chat.pk)
 
 
 async def _wind_down(user, chat) -> None:
     """End whatever is still live: cancel what waits, let runs finish."""
     for _ in range(20):
         await settle()
-        if not await adb(Run.objects.filter(chat=chat, status__in=runs.LIVE).exists)():
+        if not await adb(Run.objects.filter(chat=chat, status__in=transitions.LIVE).exists)():
             return
         await cancel(user, chat)
     raise AssertionError("the chat did not wind down")
@@ -1147,10 +1135,10 @@ async def test_a_run_delivered_twice_executes_once(alice, agent, runtime, fake_m
     """A channel layer may hand one dispatch to two workers; the claim lets one run it."""
     fake_model.enqueue(Script(text="Only once."), Script(text="A second execution!"))
     chat = await new_chat(alice, "fake-model")
-    sent = await adb(runs.send_message)(alice, chat.pk, "hi", uuid.uuid4().hex)
+    sent = await adb(actions.send_message)(alice, chat.pk, "hi", uuid.uuid4().hex)
 
     await asyncio.wait_for(
-        asyncio.gather(runner.execute_run(sent.run_id), runner.execute_run(sent.run_id)), WAIT
+        asyncio.gather(executor.execute_run(sent.run_id), executor.execute_run(sent.run_id)), WAIT
     )
     await settle()
 
@@ -1168,9 +1156,9 @@ async def test_a_run_delivered_twice_executes_once(alice, agent, runtime, fake_m
 async def test_a_worker_handed_one_run_starts_the_others_nobody_claimed(alice, agent, runtime):
     chats = [await new_chat(alice) for _ in range(3)]
     sent = [
-        await adb(runs.send_message)(alice, chat.pk, "hello", uuid.uuid4().hex) for chat in chats
+        await adb(actions.send_message)(alice, chat.pk, "hello", uuid.uuid4().hex) for chat in chats
     ]
-    consumer = runner.RunWorkerConsumer()
+    consumer = worker.RunWorkerConsumer()
 
     await consumer.run_execute({"type": "run.execute", "run_id": sent[0].run_id})
     await settle()
@@ -1184,17 +1172,18 @@ async def test_a_worker_handed_one_run_starts_the_others_nobody_claimed(alice, a
     for chat in chats:
         (run,) = await adb(check_chat)(chat)  # one run each, answered once
         assert run.status == Run.Status.COMPLETED
-    assert await adb(runner.unclaimed_runs)(10) == []
+    assert await adb(transitions.unclaimed_runs)(10) == []
     await adb(assert_nothing_live)()
 
 
 async def test_a_run_waiting_for_approval_is_not_taken_along(alice, agent, runtime):
+    runtime.LYCEUM_RUNNER = "worker"  # sends hand runs to workers; none listens here
     waiting_chat, other_chat = await new_chat(alice), await new_chat(alice)
-    waiting = await adb(runs.send_message)(alice, waiting_chat.pk, "x", uuid.uuid4().hex)
+    waiting = await adb(actions.send_message)(alice, waiting_chat.pk, "x", uuid.uuid4().hex)
     await Run.objects.filter(pk=waiting.run_id).aupdate(status=Run.Status.WAITING)
-    other = await adb(runs.send_message)(alice, other_chat.pk, "hello", uuid.uuid4().hex)
+    other = await adb(actions.send_message)(alice, other_chat.pk, "hello", uuid.uuid4().hex)
 
-    await runner.RunWorkerConsumer().run_execute({"type": "run.execute", "run_id": other.run_id})
+    await worker.RunWorkerConsumer().run_execute({"type": "run.execute", "run_id": other.run_id})
     await settle()
 
     run = await Run.objects.aget(pk=waiting.run_id)

@@ -113,5 +113,5 @@ def test_redis_url_switches_the_channel_layer():
     )
     assert result.stdout.split() == [
         "channels_redis.core.RedisChannelLayer",  # runs for the workers, cancels
-        "chatsite.layers.PipelinedPubSubChannelLayer",  # doorbells and snapshots for pages
+        "chat.live.layers.PipelinedPubSubChannelLayer",  # doorbells and snapshots for pages
     ], result.stderr

@@ -8,10 +8,12 @@ import time
 import pytest
 from channels.db import database_sync_to_async
 
-from chat import live, rendering, runs, store
+from chat import actions, store
 from chat.agent import events as ev
 from chat.models import Run
-from chat.rendering import render_markdown_uncached
+from chat.presentation import fragments, markdown
+from chat.presentation.markdown import render_markdown_uncached
+from chat.runhost import host as run_host
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 INTERVAL = 0.2
@@ -20,15 +22,15 @@ INTERVAL = 0.2
 @pytest.fixture
 async def host(alice, agent, settings, monkeypatch):
     settings.LYCEUM_STREAM_PUSH_INTERVAL = INTERVAL
-    chat = await database_sync_to_async(runs.new_chat)(alice)
+    chat = await database_sync_to_async(actions.new_chat)(alice)
     run = await Run.objects.acreate(chat=chat, model="demo-fast")
-    made = runs.DjangoRunHost(run, [])
+    made = run_host.DjangoRunHost(run, [])
     made.pushed = []
 
     async def capture(chat_id, message):
         made.pushed.append(message)
 
-    monkeypatch.setattr(runs, "aring", capture)
+    monkeypatch.setattr(run_host, "aring", capture)
     yield made
     made.stop_pushing()
 
@@ -80,7 +82,7 @@ async def test_a_written_reply_drops_the_snapshot_still_due(host):
     await host.stream_update("Hello", "")
     await asyncio.sleep(0.02)
     await host.stream_update("Hello world", "")
-    host.channels.display.append(runs.assistant("Hello world"))
+    host.channels.display.append(run_host.assistant("Hello world"))
     host.take_new_display()  # the reply is written now
 
     await asyncio.sleep(INTERVAL + 0.05)
@@ -94,7 +96,7 @@ async def test_pushes_do_not_overlap_and_the_one_waiting_goes_out_after(host, mo
         host.pushed.append(message)
         await release.wait()
 
-    monkeypatch.setattr(runs, "aring", slow)
+    monkeypatch.setattr(run_host, "aring", slow)
     await host.stream_update("one", "")
     await asyncio.sleep(0.02)
     await host.stream_update("one two", "")
@@ -116,7 +118,7 @@ async def test_a_reply_starting_is_written_in_one_go_with_one_doorbell(host):
     await host.emit(ev.ContextUsage(tokens=10, context_window=1000))
     assert await database_sync_to_async(_kinds)(host.chat_id) == []  # not yet
 
-    await asyncio.sleep(runs.EVENT_BATCH_DELAY + 0.1)
+    await asyncio.sleep(run_host.EVENT_BATCH_DELAY + 0.1)
 
     kinds = await database_sync_to_async(_kinds)(host.chat_id)
     assert kinds[-3:] == ["run_start", "iteration_start", "context_usage"]
@@ -150,7 +152,7 @@ async def test_the_first_snapshot_waits_for_the_announcements(host):
 
 def _fragments_from_the_log(chat_id, after: int, upto: int) -> str:
     events = [e for e in store.display_events_after(chat_id, after) if e.seq <= upto]
-    return live.fragments_for_events(events, str(chat_id))
+    return fragments.fragments_for_events(events, str(chat_id))
 
 
 async def test_the_doorbell_carries_the_fragments_a_subscriber_would_read_from_the_log(host):
@@ -158,7 +160,7 @@ async def test_the_doorbell_carries_the_fragments_a_subscriber_would_read_from_t
     await host.emit(ev.IterationStart(iteration=1, max_iterations=12))
     text = "Here is **the answer**:\n\n- one\n- two `code`\n\nDone."
     await host.stream_update(text, "")
-    host.channels.push_both(runs.assistant(text))
+    host.channels.push_both(run_host.assistant(text))
     await host.commit()
 
     doorbells = [m for m in host.pushed if m["type"] == "chat.events"]
@@ -185,11 +187,11 @@ async def test_a_written_reply_reuses_the_html_its_stream_was_rendered_to(host, 
         rendered_whole.append(source)
         return render_markdown_uncached(source)
 
-    monkeypatch.setattr(rendering, "render_markdown_uncached", counting)
-    host.channels.push_both(runs.assistant(text))
+    monkeypatch.setattr(markdown, "render_markdown_uncached", counting)
+    host.channels.push_both(run_host.assistant(text))
     await host.commit()
 
-    assert rendering.render_markdown(text) == expected
+    assert markdown.render_markdown(text) == expected
     assert rendered_whole == []  # the stream's renderer made it
 
 
@@ -199,9 +201,9 @@ async def test_a_reply_defining_a_link_reference_is_rendered_whole(host):
     text = "See [the docs][d].\n\nAnd more.\n\n[d]: https://example.com/docs"
     await host.stream_update(text[:30], "")
     await asyncio.sleep(0.02)
-    host.channels.push_both(runs.assistant(text))
+    host.channels.push_both(run_host.assistant(text))
     await host.commit()
 
     link = 'href="https://example.com/docs"'
     assert link in host.pushed[-1]["html"]
-    assert link in rendering.render_markdown(text)
+    assert link in markdown.render_markdown(text)

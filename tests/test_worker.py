@@ -29,10 +29,12 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings as django_settings
 
-from chat import runner, runs, store
+from chat import actions, store
 from chat.apikeys import create_api_key
+from chat.live import doorbell
+from chat.live.layers import live_layer
 from chat.models import Run
-from chatsite.layers import live_layer
+from chat.runhost import executor
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = "redis://127.0.0.1:6379/3"
@@ -65,7 +67,7 @@ def redis_layer(settings) -> Iterator[dict[str, str]]:
         },
         # As the settings make it from REDIS_URL: the workers publish to pages on it.
         "live": {
-            "BACKEND": "chatsite.layers.PipelinedPubSubChannelLayer",
+            "BACKEND": "chat.live.layers.PipelinedPubSubChannelLayer",
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": prefix},
         },
     }
@@ -208,12 +210,11 @@ async def streaming_started(run_id: str, workers: list[Worker]) -> Run:
 
 async def start_run(user, model: str, text: str) -> tuple[str, str]:
     """Create a chat and send a message from this process; dispatch its run. (chat, run)."""
-    chat = await database_sync_to_async(runs.new_chat)(user, model=model)
-    sent = await database_sync_to_async(runs.send_message)(
+    chat = await database_sync_to_async(actions.new_chat)(user, model=model)
+    sent = await database_sync_to_async(actions.send_message)(
         user, chat.pk, text, f"c-{uuid.uuid4().hex}"
     )
     assert sent.run_id
-    await runner.dispatch(sent.run_id)
     return str(chat.pk), sent.run_id
 
 
@@ -254,7 +255,7 @@ async def test_a_run_dispatched_over_redis_completes_in_a_worker(
     run = await run_reaches(run_id, {"completed", "failed", "cancelled"}, [worker])
 
     assert run.status == Run.Status.COMPLETED, run.error_message
-    assert runner.local_task(run_id) is None  # nothing ran it in this process
+    assert executor.local_task(run_id) is None  # nothing ran it in this process
     assert run.heartbeat_at is not None  # written by the worker when it took the run
     events = await database_sync_to_async(run_events)(chat_id, run_id)
     kinds = [e.kind for e in events]
@@ -323,7 +324,7 @@ async def test_cancel_from_another_process_stops_the_workers_run(
     chat_id, run_id = await start_run(alice, "demo", LONG_PROMPT)
     await streaming_started(run_id, [worker])
 
-    assert await database_sync_to_async(runs.cancel_run)(alice, chat_id) == run_id
+    assert await database_sync_to_async(actions.cancel_run)(alice, chat_id) == run_id
     run = await run_reaches(run_id, Run.TERMINAL, [worker])
 
     assert run.status == Run.Status.CANCELLED
@@ -346,7 +347,7 @@ async def test_the_cancel_doorbell_alone_reaches_the_worker(
     await streaming_started(run_id, [worker])
 
     await get_channel_layer().group_send(
-        runs.run_control_group(run_id), {"type": "run.cancel", "run_id": run_id}
+        doorbell.run_control_group(run_id), {"type": "run.cancel", "run_id": run_id}
     )
     run = await run_reaches(run_id, Run.TERMINAL, [worker])
 

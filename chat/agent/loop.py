@@ -2,7 +2,7 @@
 
 Pure Python (no Django). Everything that touches storage or transports goes
 through a :class:`RunHost`, so the loop is tested with an in-memory host and
-run in production by the Django host in ``chat.runs``.
+run in production by the Django host in ``chat.runhost.host``.
 
 A run owns a local message list (the window selected from the context channel
 plus everything the run adds); the live channels get every message the run
@@ -23,10 +23,11 @@ from chat.agent.hooks import HookContext, HookEvent, HookRegistry
 from chat.agent.tools import ApprovalPolicy, ToolContext, ToolRegistry
 from chat.agent.workspace import Workspace
 from chat.core import compact
-from chat.core.channels import LiveChannels
+from chat.core.channels import LiveChannels, wrap_for_context
 from chat.core.eventlog import sanitize
 from chat.core.messages import ChatMessage, Role, ToolCall, assistant, tool_result
 from chat.core.tokens import estimate_text_tokens, estimate_tokens
+from chat.core.voices import Voices, split_reply
 from chat.core.window import WindowLimits
 from chat.llm.types import (
     ChatRequest,
@@ -107,6 +108,9 @@ class LoopConfig:
     exempt_tools: frozenset[str] = frozenset()
     compact_ratio: float = 0.8  # auto-compact past this share of the history token budget
     tool_timeout: float = 30.0
+    # Speak with several voices (a cast): each text reply is split into one labelled
+    # message per speaker (chat.core.voices). None: the main agent speaks.
+    voices: Voices | None = None
 
 
 @dataclass
@@ -117,7 +121,7 @@ class LoopOutcome:
 
 
 class RunHost(Protocol):
-    """Storage and transport side of a run (``chat.runs`` implements it with Django)."""
+    """Storage and transport side of a run (``chat.runhost.host`` implements it with Django)."""
 
     channels: LiveChannels
 
@@ -232,7 +236,7 @@ class AgentLoop:
             text = end.text
             if end.finish_reason == "length" and text:
                 text += "\n\n[The reply was cut off at the model's output limit.]"
-            await self._push(assistant(text, reasoning_content=end.reasoning or None))
+            await self._push_reply(text, end.reasoning)
             self.round = _Round()
             self.final_text = text
             # The user wrote while we answered: answer that too, if a round is left. On the
@@ -250,6 +254,24 @@ class AgentLoop:
     async def _push(self, message: ChatMessage) -> None:
         self.host.channels.push_both(message)
         self.messages.append(message)
+        await self.host.commit()
+
+    async def _push_reply(self, text: str, reasoning: str) -> None:
+        """The model's text answer: the main agent's, or one labelled message per voice."""
+        voices = self.config.voices
+        if voices is None:
+            await self._push(assistant(text, reasoning_content=reasoning or None))
+            return
+        replies = split_reply(voices, text) or [(voices.fallback, "")]
+        for index, (speaker, said) in enumerate(replies):
+            message = assistant(
+                said,
+                sender_name=speaker,
+                reasoning_content=(reasoning or None) if index == 0 else None,
+                extra={"voice": index},
+            )
+            self.host.channels.push_labelled(message)
+            self.messages.append(message.copy(content=wrap_for_context(speaker, said)))
         await self.host.commit()
 
     async def _has_queued(self) -> bool:

@@ -19,12 +19,12 @@ from django.core.exceptions import RequestDataTooBig, ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import runner, runs
+from chat import actions, store
 from chat.access import ChatAction, access_chat
 from chat.agent.events import TERMINAL_TYPES
+from chat.api.follow import RunFollower, follow_run
 from chat.apikeys import authenticate_key
-from chat.follow import RunFollower, follow_run
-from chat.models import Agent, ChatEvent, Run, ToolApproval
+from chat.models import Run, ToolApproval
 
 MAX_BODY_BYTES = 256 * 1024
 STATUS_BY_CODE = {"not_found": 404, "busy": 409, "unknown_model": 400, "no_agent": 503}
@@ -75,10 +75,9 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 return error_response(exc.status, exc.type, exc.message)
             except Http404:
                 return error_response(404, "not_found", "No such chat session.")
-            except runs.ActionError as exc:
-                return error_response(
-                    STATUS_BY_CODE.get(exc.code, 400), "invalid_request_error", exc.message
-                )
+            except actions.ActionError as exc:
+                kind = "not_found" if exc.code == "not_found" else "invalid_request_error"
+                return error_response(STATUS_BY_CODE.get(exc.code, 400), kind, exc.message)
 
         return wrapper
 
@@ -112,37 +111,33 @@ def _field(data: dict[str, Any], name: str, kind: type, default: Any = None) -> 
     return value
 
 
-def _start_chat(user, data: dict[str, Any]) -> tuple[str, int, str | None]:
-    """Find or create the session, switch model if asked, and send the message."""
+def _send(user, data: dict[str, Any]) -> actions.SendResult:
+    """Send the request's message (into its session, or a new one): one action."""
     message = _field(data, "message", str)
     if not message or not message.strip():
         raise ApiError(400, "invalid_request_error", "'message' is required.")
-    session_id = _field(data, "session_id", str)
-    model = _field(data, "model", str)
-    agent_slug = _field(data, "agent", str)
-    thinking = _field(data, "thinking", bool, True)
-    if session_id:
-        chat = access_chat(user, session_id, ChatAction.WRITE)
-        if model:
-            runs.switch_model(user, chat.pk, model)
-    else:
-        agent = None
-        if agent_slug:
-            agent = Agent.objects.filter(slug=agent_slug).first()
-            if agent is None:
-                raise ApiError(404, "not_found", f"No agent named {agent_slug!r}.")
-        chat = runs.new_chat(user, agent=agent, model=model or "")
-    sent = runs.send_message(user, chat.pk, message, f"api-{uuid.uuid4().hex}", thinking=thinking)
-    return str(chat.pk), sent.display_seq, sent.run_id
+    return actions.start_chat_and_send(
+        user,
+        message,
+        f"api-{uuid.uuid4().hex}",
+        chat_id=_field(data, "session_id", str),
+        agent_slug=_field(data, "agent", str) or "",
+        model=_field(data, "model", str) or "",
+        thinking=_field(data, "thinking", bool, True),
+    )
 
 
 async def _follow(user, data: dict[str, Any]) -> tuple[str, AsyncIterator[dict[str, Any]]]:
-    chat_id, input_seq, run_id = await database_sync_to_async(_start_chat)(user, data)
-    await runner.dispatch(run_id)
+    sent = await database_sync_to_async(_send)(user, data)
     # The run is known when this message started it; a queued message finds its run
     # by the input_taken event.
-    follower = RunFollower(chat_id=chat_id, last_seq=input_seq, input_seq=input_seq, run_id=run_id)
-    return chat_id, follow_run(follower)
+    follower = RunFollower(
+        chat_id=sent.chat_id,
+        last_seq=sent.display_seq,
+        input_seq=sent.display_seq,
+        run_id=sent.run_id,
+    )
+    return sent.chat_id, follow_run(follower)
 
 
 @api_view()
@@ -251,9 +246,7 @@ async def chat_stream(request: HttpRequest) -> HttpResponse:
 @api_view()
 async def cancel(request: HttpRequest, session_id: str) -> HttpResponse:
     """``POST /api/v1/chat/<session_id>/cancel``: idempotent."""
-    run_id = await database_sync_to_async(runs.cancel_run)(request.api_user, session_id)
-    # A cancelled waiting run ends here, not in a task: start what was queued behind it.
-    await runner.start_next_run(session_id)
+    run_id = await database_sync_to_async(actions.cancel_run)(request.api_user, session_id)
     return JsonResponse(
         {"session_id": str(session_id), "run_id": run_id, "cancelled": run_id is not None}
     )
@@ -269,7 +262,7 @@ async def approval(request: HttpRequest, session_id: str, call_id: str) -> HttpR
     reason = _field(data, "reason", str, "") or ""
     always = bool(_field(data, "always", bool, False))
     try:
-        result = await database_sync_to_async(runs.decide_approval)(
+        result = await database_sync_to_async(actions.decide_approval)(
             request.api_user,
             session_id,
             call_id,
@@ -277,11 +270,10 @@ async def approval(request: HttpRequest, session_id: str, call_id: str) -> HttpR
             reason=reason,
             always=always,
         )
-    except runs.ActionError as exc:
+    except actions.ActionError as exc:
         if exc.code == "not_found":
             raise ApiError(404, "not_found", exc.message) from None
         raise
-    await runner.dispatch(result.run_id, resume=True)
     return JsonResponse(
         {"session_id": str(session_id), "call_id": call_id, "status": result.status}
     )
@@ -303,16 +295,8 @@ def _run_summary(user, session_id: str, run_id: str) -> dict[str, Any]:
         run = Run.objects.get(pk=run_id, chat=chat)
     except (Run.DoesNotExist, ValueError, ValidationError):
         raise ApiError(404, "not_found", "No such run in this session.") from None
-    terminal = (
-        ChatEvent.objects.filter(
-            chat=chat,
-            channel="display",
-            kind__in=sorted(TERMINAL_TYPES),
-            payload__run_id=str(run.pk),
-        )
-        .values_list("payload", flat=True)
-        .first()
-    )
+    terminals = store.run_events(chat.pk, str(run.pk), TERMINAL_TYPES)
+    terminal = terminals[0].payload if terminals else None
     body: dict[str, Any] = {"session_id": str(chat.pk), "run_id": str(run.pk), "status": run.status}
     if run.status == Run.Status.WAITING:
         body["approvals"] = _pending_approvals(str(run.pk)) or []

@@ -3,7 +3,7 @@ import json
 from django import template
 from django.utils.safestring import mark_safe
 
-from chat.rendering import render_markdown_uncached
+from chat.presentation.markdown import render_markdown_uncached
 
 register = template.Library()
 

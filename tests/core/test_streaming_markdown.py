@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from chat import rendering
-from chat.rendering import StreamingMarkdown, render_markdown_uncached
+from chat.presentation import markdown
+from chat.presentation.markdown import StreamingMarkdown, render_markdown_uncached
 
 # Lines that start, continue and end every kind of block the renderer knows. Link
 # reference definitions are left out: one defined after its use is the documented case
@@ -48,9 +48,9 @@ def test_finished_blocks_are_not_rendered_again(monkeypatch):
         text += paragraph + "\n\n"
         stream.render(text)
     sanitized: list[str] = []
-    real = rendering.sanitize_html
+    real = markdown.sanitize_html
     monkeypatch.setattr(
-        rendering, "sanitize_html", lambda html: sanitized.append(html) or real(html)
+        markdown, "sanitize_html", lambda html: sanitized.append(html) or real(html)
     )
 
     html = stream.render(text + "The last one grows")
@@ -115,7 +115,7 @@ def test_words_and_whole_spans_after_a_word_are_appended_without_rendering(monke
     text = "Intro with **bold**.\n\n- item one"
     stream.render(text)
     parsed: list[str] = []
-    md = rendering._markdown()
+    md = markdown._markdown()
     real_parse = md.parse
     monkeypatch.setattr(
         md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from chat.runner import recover_stale_runs
+from chat.runhost.transitions import recover_stale_runs
 
 
 class Command(BaseCommand):

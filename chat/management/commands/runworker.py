@@ -5,12 +5,12 @@ import asyncio
 from channels.management.commands.runworker import Command as ChannelsRunworker
 from channels.worker import Worker
 
-from chat import runner
+from chat.runhost import executor
 
 
 class RunWorker(Worker):
     async def handle(self):
-        sweeper = asyncio.ensure_future(runner.sweep_forever())
+        sweeper = asyncio.ensure_future(executor.sweep_forever())
         try:
             await super().handle()
         finally:

@@ -1,5 +1,5 @@
 """Channel layers: the in-memory one without its per-message overheads, Redis pub/sub
-pipelined, which of them chat pages listen on, and sending from a sync thread.
+pipelined, and which of them chat pages listen on.
 
 Channels' ``InMemoryChannelLayer`` scans every channel and group for expired entries on
 each ``send``/``receive``/``group_send`` and starts a task per member on ``group_send``.
@@ -18,7 +18,6 @@ import time
 from copy import deepcopy
 from typing import Any
 
-from asgiref.sync import SyncToAsync, async_to_sync
 from channels import DEFAULT_CHANNEL_LAYER
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.pubsub import (
@@ -147,38 +146,3 @@ def live_layer_alias() -> str:
 
 def live_layer():
     return get_channel_layer(live_layer_alias())
-
-
-# --- sending from a sync thread -------------------------------------------------------------
-
-_sending: set[asyncio.Task] = set()
-
-
-def group_send_soon(layer, group: str, message: dict[str, Any]) -> None:
-    """Send from a sync thread without waiting for the send.
-
-    Run from the database thread (as under ``database_sync_to_async``), the send is
-    handed to the event loop that thread works for: waiting for it held the process's
-    one database thread until a busy loop came round to it, 30 ms a reply's end with a
-    hundred streams. Elsewhere it is sent there and then.
-    """
-    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
-    if loop is None or loop.is_closed() or not loop.is_running():
-        try:
-            async_to_sync(layer.group_send)(group, message)
-        except Exception:  # noqa: BLE001 - a doorbell may fail; the log is the truth
-            logger.warning("sending to %s failed", group, exc_info=True)
-        return
-    loop.call_soon_threadsafe(_start_sending, layer, group, message)
-
-
-def _start_sending(layer, group: str, message: dict[str, Any]) -> None:
-    task = asyncio.get_running_loop().create_task(layer.group_send(group, message))
-    _sending.add(task)
-    task.add_done_callback(_sent)
-
-
-def _sent(task: asyncio.Task) -> None:
-    _sending.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        logger.warning("sending failed", exc_info=task.exception())

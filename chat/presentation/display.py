@@ -21,7 +21,7 @@ from django.utils.text import slugify
 
 from chat.core import eventlog
 from chat.core.messages import ChatMessage
-from chat.rendering import HtmlCache, forget_rendered_markdown, render_markdown
+from chat.presentation.markdown import HtmlCache, forget_rendered_markdown, render_markdown
 from chat.store import StoredEvent
 
 SENDER_PALETTE = 8

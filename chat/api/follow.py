@@ -18,9 +18,9 @@ from channels.db import database_sync_to_async
 
 from chat import store
 from chat.agent.events import TERMINAL_TYPES
-from chat.runs import chat_group
+from chat.live.doorbell import chat_group
+from chat.live.layers import live_layer
 from chat.store import StoredEvent
-from chatsite.layers import live_layer
 
 POLL_SECONDS = 1.0
 BATCH = 500

@@ -14,9 +14,11 @@ from typing import Any
 
 from django.template.loader import render_to_string
 
-from chat import display, store
-from chat.providers import available_models
-from chat.rendering import render_markdown_uncached
+from chat import store
+from chat.catalog import available_models
+from chat.core.voices import Voices, VoiceSplitter
+from chat.presentation import display
+from chat.presentation.markdown import render_markdown_uncached
 from chat.store import StoredEvent
 
 TERMINAL = {"complete", "cancelled", "error"}
@@ -42,9 +44,34 @@ def controls(busy: bool, chat_id: str) -> str:
     return _oob("chat/_controls.html", busy=busy, chat_id=chat_id)
 
 
-def stream_slot(run_id: str = "", text_html: str = "", reasoning: str = "") -> str:
-    """The reply being written; ``text_html`` is its rendered, sanitised markdown."""
-    return _oob("chat/_stream.html", run_id=run_id, text_html=text_html, reasoning=reasoning)
+def stream_slot(
+    run_id: str = "",
+    text_html: str = "",
+    reasoning: str = "",
+    voices: list[tuple[str, str]] | None = None,
+    *,
+    oob: bool = True,
+) -> str:
+    """The reply being written; ``text_html`` is its rendered, sanitised markdown.
+
+    A run with several speakers passes ``voices`` instead: (speaker, rendered html)
+    per reply so far, each shown as a bubble labelled with its speaker.
+    """
+    speaking = [
+        {"speaker": name, "html": html, "colour": display.sender_colour(name)}
+        for name, html in voices or ()
+    ]
+    return render_to_string(
+        "chat/_stream.html",
+        {
+            "oob": oob,
+            "run_id": run_id,
+            "text_html": text_html,
+            "reasoning": reasoning,
+            "voices": speaking,
+            "multi": voices is not None,
+        },
+    )
 
 
 @lru_cache(maxsize=1)
@@ -53,9 +80,18 @@ def idle_stream_slot() -> str:
     return stream_slot()
 
 
-def partial_stream_slot(run_id: str, text: str, reasoning: str) -> str:
+def partial_stream_slot(
+    run_id: str, text: str, reasoning: str, speakers: list[str] | None = None, *, oob: bool = True
+) -> str:
     """The reply written so far, rendered whole (a page attaching mid-stream)."""
-    return stream_slot(run_id, render_markdown_uncached(text) if text else "", reasoning)
+    voices = Voices.from_names(speakers)
+    if voices is None:
+        html = render_markdown_uncached(text) if text else ""
+        return stream_slot(run_id, html, reasoning, oob=oob)
+    splitter = VoiceSplitter(voices)
+    splitter.feed(text)
+    replies = [(name, render_markdown_uncached(said)) for name, said in splitter.replies()]
+    return stream_slot(run_id, reasoning=reasoning, voices=replies, oob=oob)
 
 
 def error_notice(message: str) -> str:
@@ -171,8 +207,11 @@ def written_rounds(events: list[StoredEvent]) -> list[tuple[str, int]]:
 
 
 def _is_main_reply(event: StoredEvent) -> bool:
+    """A streamed reply of a run (the main agent's or one of its voices'), now written."""
     p = event.payload
-    return p.get("role") == "assistant" and not p.get("sender_name")
+    return p.get("role") == "assistant" and (
+        not p.get("sender_name") or "voice" in (p.get("extra") or {})
+    )
 
 
 REPLAY_BATCH = 200

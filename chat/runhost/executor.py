@@ -1,11 +1,13 @@
 """Executes runs: in the web process (default) or in ``runworker`` processes over Redis.
 
-A run is an asyncio task beside a watcher. The watcher listens for cancel on the
-channel layer and enforces the hang guard (time spent waiting for the user does not
-count: a waiting run has no task). The process's keeper (``chat.keeper``) checkpoints
-the reply, writes the heartbeat that tells a dead run from a slow one, and reads the
-cancel flag as the fallback for a lost doorbell. Exactly one terminal state is written
-per run, guarded in the database.
+A run is launched by the action that created it, after the commit
+(:func:`launch_on_commit`). It executes as an asyncio task beside a watcher. The
+watcher listens for cancel on the channel layer and enforces the hang guard (time
+spent waiting for the user does not count: a waiting run has no task). The
+process's keeper (``chat.runhost.keeper``) checkpoints the reply, writes the
+heartbeat that tells a dead run from a slow one, and reads the cancel flag as the
+fallback for a lost doorbell. Exactly one terminal state is written per run,
+guarded in the database (``chat.runhost.transitions.finish_run``).
 """
 
 from __future__ import annotations
@@ -15,46 +17,86 @@ import contextvars
 import logging
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import lru_cache
 
-from channels.consumer import AsyncConsumer
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from chat import runs, store
+from chat import store
 from chat.agent import events as ev
 from chat.agent.hooks import HookRegistry
 from chat.agent.loop import DELEGATE, AgentLoop, Decision, LoopConfig, LoopOutcome
 from chat.agent.tools import ToolRegistry, default_registry
 from chat.agent.workspace import Workspace
+from chat.catalog import ResolvedModel, UnknownModel, close_providers, resolve_model
 from chat.core.messages import ChatMessage
-from chat.dispatch import DirectDispatch
-from chat.keeper import KeptRun, keeper
-from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError, Usage
-from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
-from chat.providers import ResolvedModel, UnknownModel, resolve_model
+from chat.core.voices import Voices, cast_instructions
+from chat.live.doorbell import run_control_group
+from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError
+from chat.models import ChatSession, ChatToolGrant, Run
+from chat.runhost import transitions
+from chat.runhost.host import DjangoRunHost, partial_message
+from chat.runhost.keeper import KeptRun, keeper
 
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL = 0.5
-STALE_AFTER = timedelta(seconds=15)  # the default of settings.LYCEUM_RUN_STALE_SECONDS
 SWEEP_INTERVAL = 5.0
-CLAIM_EXTRA_RUNS = 20  # runs a worker takes along with the one it was handed
 
 _tasks: dict[str, asyncio.Task] = {}
-_hosts: dict[str, runs.DjangoRunHost] = {}  # runs executing in this process
+_hosts: dict[str, DjangoRunHost] = {}  # runs executing in this process
 _sweeper: asyncio.Task | None = None
+_launching: set[asyncio.Task] = set()
 
 
-# --- dispatch -----------------------------------------------------------------------------
+# --- launching ------------------------------------------------------------------------------
 
 
-async def dispatch(run_id: str | None, *, resume: bool = False) -> None:
-    """Hand a run to whoever executes runs. Call only after the run row is committed."""
+def launch_on_commit(run_id: str | None, *, resume: bool = False) -> None:
+    """Launch ``run_id`` once the current transaction commits (the actions' way)."""
+    if run_id:
+        transaction.on_commit(lambda: launch_soon(str(run_id), resume=resume))
+
+
+def launch_soon(run_id: str, *, resume: bool = False) -> None:
+    """Launch from a sync thread without waiting: on the event loop this thread serves.
+
+    Actions run on the database thread (under ``database_sync_to_async``) or in a
+    sync view's thread; either way the event loop they work for starts the run. A
+    caller with no event loop (a management command) can only hand it to workers.
+    """
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    if loop is not None and not loop.is_closed() and loop.is_running():
+        loop.call_soon_threadsafe(_launch_here, run_id, resume)
+        return
+    if settings.LYCEUM_RUNNER == "worker":
+        async_to_sync(launch)(run_id, resume=resume)
+        return
+    logger.warning("run %s was not started: no event loop to run it in", run_id)
+
+
+def _launch_here(run_id: str, resume: bool) -> None:
+    if settings.LYCEUM_RUNNER != "worker":
+        start_local(run_id, resume=resume)  # at once: the caller may look for the task next
+        ensure_sweeper()
+        return
+    task = asyncio.get_running_loop().create_task(launch(run_id, resume=resume))
+    _launching.add(task)
+    task.add_done_callback(_launched)
+
+
+def _launched(task: asyncio.Task) -> None:
+    _launching.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("handing a run to the workers failed", exc_info=task.exception())
+
+
+async def launch(run_id: str | None, *, resume: bool = False) -> None:
+    """Hand a run to whoever executes runs. Only after the run row is committed."""
     if not run_id:
         return
     if settings.LYCEUM_RUNNER == "worker":
@@ -65,12 +107,6 @@ async def dispatch(run_id: str | None, *, resume: bool = False) -> None:
     else:
         start_local(str(run_id), resume=resume)
         ensure_sweeper()
-
-
-def unclaimed_runs(limit: int) -> list[str]:
-    """Runs handed to the workers that no process has claimed yet, oldest first."""
-    waiting = Run.objects.filter(status=Run.Status.RUNNING, claimed=False).order_by("started_at")
-    return [str(pk) for pk in waiting.values_list("pk", flat=True)[:limit]]
 
 
 def start_local(run_id: str, *, resume: bool = False) -> asyncio.Task:
@@ -113,6 +149,7 @@ async def stop_all() -> None:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await keeper().stop()
+    await close_providers()
     _tasks.clear()
     _hosts.clear()
 
@@ -127,15 +164,9 @@ def ensure_sweeper() -> None:
         _sweeper = _background(sweep_forever())
 
 
-def stale_after() -> timedelta:
-    """How old a running run's heartbeat may get before the run counts as dead."""
-    seconds = getattr(settings, "LYCEUM_RUN_STALE_SECONDS", None)
-    return timedelta(seconds=seconds) if seconds else STALE_AFTER
-
-
 async def sweep_forever() -> None:
     # A short stale window is pointless if sweeps are far apart: sweep at least twice in it.
-    interval = min(SWEEP_INTERVAL, stale_after().total_seconds() / 2)
+    interval = min(SWEEP_INTERVAL, transitions.stale_after().total_seconds() / 2)
     while True:
         try:
             await sweep_once()
@@ -145,38 +176,11 @@ async def sweep_forever() -> None:
 
 
 async def sweep_once() -> None:
-    for run_id in await database_sync_to_async(runs.expire_approvals)():
-        await dispatch(run_id, resume=True)
-    await database_sync_to_async(recover_stale_runs)()
-    for run_id in await database_sync_to_async(start_stranded_runs)():
-        await dispatch(run_id)
-
-
-def start_stranded_runs() -> list[str]:
-    """Start runs for messages queued behind a run that ended without starting the next.
-
-    A waiting run cancelled by the user ends outside any task, so nothing calls
-    ``_start_next`` for it. Inputs already given to a run (``run`` set) are that
-    run's, answered or not, and never start another.
-    """
-    chat_ids = set(
-        QueuedInput.objects.filter(consumed=False, run__isnull=True)
-        .exclude(chat__runs__status__in=runs.LIVE)
-        .values_list("chat_id", flat=True)
-    )
-    started = []
-    for chat in ChatSession.objects.filter(pk__in=chat_ids):
-        run_id = runs.start_run_if_idle(chat)
-        if run_id:
-            started.append(run_id)
-    return started
-
-
-async def start_next_run(chat_id) -> None:
-    """After a cancel: start the run for messages queued behind a cancelled waiting run."""
-    chat = await ChatSession.objects.filter(pk=chat_id).afirst()
-    if chat is not None:
-        await _start_next(chat)
+    for run_id in await database_sync_to_async(transitions.expire_approvals)():
+        await launch(run_id, resume=True)
+    await database_sync_to_async(transitions.recover_stale_runs)()
+    for run_id in await database_sync_to_async(transitions.start_stranded_runs)():
+        await launch(run_id)
 
 
 # --- preparing a run -------------------------------------------------------------------------
@@ -230,10 +234,13 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
     changes = {}
     resume_state = None
     if resume and run.pending_message:
-        resume_state = (ChatMessage.from_dict(run.pending_message), runs.decisions_for(run))
+        resume_state = (ChatMessage.from_dict(run.pending_message), transitions.decisions_for(run))
         changes["pending_message"] = None
     if chat.model and chat.model != run.model:  # switched while the run waited
         changes["model"] = chat.model
+    speakers = list(chat.agent.personas or []) if chat.agent else []
+    if speakers != (run.speakers or []):
+        changes["speakers"] = run.speakers = speakers
     if changes:
         Run.objects.filter(pk=run.pk).update(**changes)
     return Prepared(
@@ -256,15 +263,18 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     try:
         prepared = await database_sync_to_async(_prepare)(run_id, resume)
     except UnknownModel as exc:
-        await database_sync_to_async(finish_failed_early)(run_id, str(exc))
+        await database_sync_to_async(transitions.finish_failed_early)(run_id, str(exc))
         return
     if prepared is None:
         return
-    host = runs.DjangoRunHost(prepared.run, prepared.context)
+    host = DjangoRunHost(prepared.run, prepared.context)
     _hosts[run_id] = host
     host.grants = prepared.grants
     agent = prepared.chat.agent
     host.agent_prompt = agent.system_prompt if agent else ""
+    voices = Voices.from_names(prepared.run.speakers)
+    if voices is not None:
+        host.agent_prompt = f"{host.agent_prompt}\n\n{cast_instructions(voices)}".strip()
     # One main assistant message per iteration, so a resumed leg's stream rounds
     # continue after the earlier leg's.
     host.round = prepared.run.iteration
@@ -279,6 +289,7 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
             max_rounds=prepared.max_rounds,
             thinking=prepared.run.thinking,
             tool_timeout=settings.LYCEUM_TOOL_TIMEOUT,
+            voices=voices,
         ),
         workspace=Workspace(settings.LYCEUM_WORKSPACE_ROOT / str(prepared.chat.pk)),
         chat_id=str(prepared.chat.pk),
@@ -321,7 +332,7 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
         if outcome.status == "completed":
             await _end(host, loop, "completed")
         else:
-            await database_sync_to_async(cancel_if_requested)(run_id)
+            await database_sync_to_async(transitions.cancel_if_requested)(run_id)
     finally:
         watcher.cancel()
         host.stop_pushing()
@@ -347,7 +358,7 @@ async def _watch(run_id: str, body: asyncio.Task, kept: KeptRun) -> str:
     """
     layer = get_channel_layer()
     channel = await layer.new_channel()
-    group = runs.run_control_group(run_id)
+    group = run_control_group(run_id)
     await layer.group_add(group, channel)
     started = time.monotonic()
     try:
@@ -399,121 +410,13 @@ async def _end(host, loop: AgentLoop, how: str, category=None, message: str = ""
         message = message or USER_MESSAGES[category]
         event = ev.Error(category=str(category), message=message, partial_text=text)
         status = Run.Status.FAILED
-    partial = runs.partial_message(text, reasoning, str(status)) if how != "completed" else None
-    await database_sync_to_async(finish_run)(host, status, event, partial, usage)
-
-
-def finish_run(host, status: str, event: ev.RunEvent, partial, usage) -> bool:
-    """Write the one terminal state and event of a run. False if it had ended already."""
-    run = host.run
-    with transaction.atomic():
-        updated = Run.objects.filter(pk=run.pk, status__in=runs.LIVE).update(
-            status=status,
-            finished_at=timezone.now(),
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            usage_estimated=usage.estimated,
-            error_category=getattr(event, "category", ""),
-            error_message=getattr(event, "message", ""),
-            partial_text=getattr(event, "partial_text", ""),
-            pending_message=None,
-        )
-        if not updated:
-            return False
-        # A run that ended before taking the message that started it (an early cancel)
-        # must not leave it for _start_next to answer in a new run.
-        QueuedInput.objects.filter(run=run.pk, consumed=False).update(consumed=True)
-        # A run cancelled while it stored its approval request ends with it pending:
-        # close it, so nobody can answer (or expire) it after the terminal event.
-        ToolApproval.objects.filter(run=run.pk, status=ToolApproval.Status.PENDING).update(
-            status=ToolApproval.Status.DENIED,
-            reason="The reply ended before an answer.",
-            decided_at=timezone.now(),
-        )
-        if partial is not None:
-            host.channels.push_both(partial)
-        rows = store.append_display_messages(run.chat_id, host.take_new_display())
-        store.persist_context(run.chat_id, host.channels.context, host.persisted)
-        rows += store.append_display(run.chat_id, [runs._stamp(event, run)])
-        runs.ring(run.chat_id, rows)
-    return True
-
-
-def cancel_if_requested(run_id: str) -> None:
-    """A cancel that arrived while the run was suspending ends it now.
-
-    The watcher only sees cancels while the run executes; without this the cancel
-    would be lost and the run would wait for an approval the user no longer wants.
-    """
-    with transaction.atomic():
-        run = (
-            Run.objects.select_for_update()
-            .filter(pk=run_id, status=Run.Status.WAITING, cancel_requested=True)
-            .first()
-        )
-        if run is not None:
-            runs._finish_waiting_run_cancelled(run)
-
-
-def finish_failed_early(run_id: str, message: str) -> None:
-    run = Run.objects.filter(pk=run_id).first()
-    if run is None:
-        return
-    host = runs.DjangoRunHost(run, [])
-    event = ev.Error(category=str(ErrorCategory.BAD_REQUEST), message=message)
-    finish_run(host, Run.Status.FAILED, event, None, Usage())
+    partials = []
+    if how != "completed":
+        partials = partial_message(text, reasoning, str(status), host.run.speakers)
+    await database_sync_to_async(transitions.finish_run)(host, status, event, partials, usage)
 
 
 async def _start_next(chat: ChatSession) -> None:
     """Messages sent while the run was finishing start the next run."""
-    run_id = await database_sync_to_async(runs.start_run_if_idle)(chat)
-    await dispatch(run_id)
-
-
-# --- recovery ------------------------------------------------------------------------------------
-
-
-def recover_stale_runs(*, everything: bool = False) -> list[str]:
-    """Runs left running by a dead process become interrupted, keeping their checkpoint.
-
-    ``everything`` is for start-up of the in-process runner, when no other process
-    can be running them; otherwise only runs without a recent heartbeat count.
-    """
-    runs_to_recover = Run.objects.filter(status=Run.Status.RUNNING)
-    if not everything:
-        cutoff = timezone.now() - stale_after()
-        runs_to_recover = runs_to_recover.filter(heartbeat_at__lt=cutoff) | runs_to_recover.filter(
-            heartbeat_at__isnull=True, started_at__lt=cutoff
-        )
-    recovered = []
-    for run in runs_to_recover.select_related("chat"):
-        host = runs.DjangoRunHost(run, store.load_context(run.chat_id))
-        text, reasoning = run.partial_text, run.partial_reasoning
-        event = ev.Error(
-            category=str(ErrorCategory.INTERRUPTED),
-            message="The reply was interrupted because the server restarted. "
-            "The text written so far is kept.",
-            partial_text=text,
-            status="interrupted",
-        )
-        partial = runs.partial_message(text, reasoning, str(Run.Status.INTERRUPTED))
-        if finish_run(host, Run.Status.INTERRUPTED, event, partial, Usage()):
-            recovered.append(str(run.pk))
-    return recovered
-
-
-# --- the worker consumer -----------------------------------------------------------------------
-
-
-class RunWorkerConsumer(DirectDispatch, AsyncConsumer):
-    """Receives runs on ``LYCEUM_WORKER_CHANNEL`` in ``manage.py runworker`` processes."""
-
-    async def run_execute(self, message: dict) -> None:
-        # Returns at once: the consumer handles one message at a time, runs go on as tasks.
-        start_local(str(message["run_id"]), resume=bool(message.get("resume")))
-        # A hundred sends at once otherwise waited for the channel layer to hand their
-        # runs over one by one (several Redis round trips each, behind every stream this
-        # worker already runs): the last started 20 s late. A run's own message, when
-        # it comes, finds it claimed and does nothing.
-        for run_id in await database_sync_to_async(unclaimed_runs)(CLAIM_EXTRA_RUNS):
-            start_local(run_id, resume=True)  # resume: only if it waits with a decision
+    run_id = await database_sync_to_async(transitions.start_run_if_idle)(chat)
+    await launch(run_id)

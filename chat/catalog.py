@@ -1,9 +1,14 @@
-"""Which models a user may pick, and the provider that serves each.
+"""What a user may pick: agents and models, and the provider that serves each model.
 
 Models come from admin-managed ``ProviderModel`` rows, from the environment
 bootstrap (``LYCEUM_OPENAI_*``) and from the offline demo provider. Users only
 ever name an alias; :func:`resolve_model` turns it into a provider and the real
 model id, so an alias never reaches a provider unresolved.
+
+Providers have a lifecycle: one provider (with its HTTP client and connection pool)
+per provider configuration and event loop, kept while the configuration stays the
+same, replaced (and the old one closed) when it changes, and all closed at shutdown
+(:func:`close_providers`).
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from django.conf import settings
 
 from chat.llm.demo import DemoProvider
 from chat.llm.openai import OpenAIProvider
 from chat.llm.types import Provider as LLMProvider
-from chat.models import Provider, ProviderModel
+from chat.models import Agent, Provider, ProviderModel
 
 logger = logging.getLogger(__name__)
 
@@ -127,10 +133,89 @@ def _provider_for(choice: ModelChoice) -> LLMProvider:
     if choice.provider_name == "demo":
         return _demo(choice.model_id)
     if choice.provider_name == ENV_PROVIDER:
-        return _openai(
-            ENV_PROVIDER, settings.LYCEUM_OPENAI_BASE_URL, settings.LYCEUM_OPENAI_API_KEY
+        config = (ENV_PROVIDER, settings.LYCEUM_OPENAI_BASE_URL, settings.LYCEUM_OPENAI_API_KEY)
+    else:
+        row = Provider.objects.get(name=choice.provider_name)
+        if row.kind == Provider.Kind.DEMO:
+            return _demo(choice.model_id)
+        config = (row.name, row.base_url, row.api_key)
+    return _kept_provider(config)
+
+
+# --- provider lifecycle ------------------------------------------------------------------------
+
+# provider name -> (its configuration, the provider). A provider opens its HTTP client in
+# the event loop that first uses it (and a new one if used from another loop).
+_providers: dict[str, tuple[tuple[Any, ...], OpenAIProvider]] = {}
+_retired: list[OpenAIProvider] = []
+
+
+def _kept_provider(config: tuple[str, str, str]) -> OpenAIProvider:
+    """The provider for ``config``, kept for reuse; a changed configuration replaces it."""
+    name = config[0]
+    settings_key = (
+        settings.LYCEUM_CONNECT_TIMEOUT,
+        settings.LYCEUM_FIRST_BYTE_TIMEOUT,
+        settings.LYCEUM_IDLE_TIMEOUT,
+        settings.LYCEUM_MAX_RETRIES,
+        getattr(settings, "LYCEUM_RETRY_BACKOFF", 1.0),
+        settings.LYCEUM_STREAM_PUSH_INTERVAL,
+    )
+    full = (*config, *settings_key)
+    key = name
+    kept = _providers.get(key)
+    if kept is not None and kept[0] == full:
+        return kept[1]
+    if kept is not None:
+        _retired.append(kept[1])  # closed by close_providers (its runs may still use it)
+    provider = _openai(*config)
+    _providers[key] = (full, provider)
+    return provider
+
+
+async def close_providers() -> None:
+    """Close every kept provider's connections (shutdown, tests)."""
+    providers = [p for _c, p in _providers.values()] + _retired
+    _providers.clear()
+    _retired.clear()
+    for provider in providers:
+        try:
+            await provider.aclose()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            logger.debug("closing provider %s failed", provider, exc_info=True)
+
+
+# --- agents ---------------------------------------------------------------------------------------
+
+DEFAULT_SLUG = "assistant"
+DEFAULT_PROMPT = (
+    "You are Lyceum's assistant: helpful, precise and friendly. Answer in Markdown. "
+    "Use your tools when they help: calculator for arithmetic, current_time for the date, "
+    "the file tools to write, edit, read and list files in this chat's workspace, and "
+    "delegate to hand a self-contained task to a sub-agent."
+)
+DEFAULT_TOOLS = [
+    "calculator",
+    "current_time",
+    "write_file",
+    "edit_file",
+    "read_file",
+    "list_files",
+    "delegate",
+]
+
+
+def default_agent() -> Agent:
+    """The default agent; made again if an admin deleted every agent."""
+    agent = Agent.objects.filter(is_default=True).first() or Agent.objects.first()
+    if agent is None:
+        agent, _ = Agent.objects.get_or_create(
+            slug=DEFAULT_SLUG,
+            defaults={
+                "name": "Assistant",
+                "system_prompt": DEFAULT_PROMPT,
+                "tools": DEFAULT_TOOLS,
+                "is_default": True,
+            },
         )
-    row = Provider.objects.get(name=choice.provider_name)
-    if row.kind == Provider.Kind.DEMO:
-        return _demo(choice.model_id)
-    return _openai(row.name, row.base_url, row.api_key)
+    return agent

@@ -1,0 +1,201 @@
+"""The chat socket: one consumer per open chat page, at ``/ws/chat/<id>/``.
+
+It does no work itself. Each frame names an action; access is checked again for
+every action, and one function of ``chat.actions`` does the rest (including
+starting the run it causes). Pushes come from the chat's group and go through the
+socket's :class:`~chat.live.subscription.ChatSubscription`, which keeps the resync
+cursor and reads the log when a doorbell does not follow on from what the page has.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
+from django.http import Http404
+
+from chat import actions
+from chat.access import ChatAction, access_chat
+from chat.live.direct import DirectDispatch
+from chat.live.doorbell import chat_group
+from chat.live.layers import live_layer_alias
+from chat.live.subscription import ChatSubscription
+from chat.presentation import fragments
+from chat.runhost import executor
+
+logger = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_NOT_FOUND = 4404
+WRITE_ACTIONS = {
+    "send",
+    "cancel",
+    "approve",
+    "always",
+    "deny",
+    "switch_model",
+    "compact",
+    "regenerate",
+    "edit_last",
+}
+
+
+class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
+    chat_id: str
+    subscription: ChatSubscription | None = None
+
+    @property
+    def channel_layer_alias(self) -> str:  # read by Channels as the consumer starts
+        return live_layer_alias()
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        self.chat_id = str(self.scope["url_route"]["kwargs"]["chat_id"])
+        if not await self._allowed(ChatAction.VIEW):
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.subscription = ChatSubscription(
+            self.chat_id,
+            send=self._send_html,
+            may_view=lambda: self._allowed(ChatAction.VIEW),
+            on_access_lost=lambda: self.close(code=CLOSE_FORBIDDEN),
+        )
+        self.group = chat_group(self.chat_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        executor.ensure_sweeper()
+
+    async def disconnect(self, code: int) -> None:
+        if self.subscription is not None:
+            self.subscription.close()
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def _send_html(self, html: str) -> None:
+        await self.send(text_data=html)
+
+    # --- frames from the page ---------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
+        raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
+        if len(raw.encode("utf-8")) > settings.LYCEUM_MAX_FRAME_BYTES:
+            await self._notice("That message is too large to send.")
+            return
+        try:
+            frame = json.loads(raw)
+        except (ValueError, RecursionError):  # deep nesting exhausts the parser's stack
+            await self._notice("The page sent something unreadable.")
+            return
+        if not isinstance(frame, dict):
+            await self._notice("The page sent something unreadable.")
+            return
+        action = str(frame.get("action") or "")
+        handler = getattr(self, f"do_{action}", None) if action.isidentifier() else None
+        if handler is None:
+            await self._notice(f"Unknown action “{action[:40]}”.")
+            return
+        needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
+        if not await self._allowed(needed):
+            if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
+                # A watcher (say, a teacher) keeps the live view; only the write is refused.
+                await self._notice("You can only watch this chat.")
+                return
+            await self._notice("You can no longer use this chat.")
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        try:
+            await handler(frame)
+        except actions.ActionError as exc:
+            await self._notice(exc.message)
+
+    async def _notice(self, message: str) -> None:
+        await self.send(text_data=fragments.error_notice(message))
+
+    async def _allowed(self, action: ChatAction) -> bool:
+        return await database_sync_to_async(self._check_access)(action)
+
+    def _check_access(self, action: ChatAction) -> bool:
+        user = self.scope["user"]
+        try:
+            # The scope's user was read once, at connect: a user deactivated (or deleted)
+            # since must not go on acting through a socket opened before.
+            user.refresh_from_db(fields=["is_active"])
+            access_chat(user, self.chat_id, action)
+        except (Http404, ObjectDoesNotExist):
+            return False
+        return True
+
+    async def _act(self, action, *args: Any, **kwargs: Any) -> Any:
+        """Run one action as this socket's user, on this socket's chat."""
+        return await database_sync_to_async(action)(
+            self.scope["user"], self.chat_id, *args, **kwargs
+        )
+
+    async def do_resync(self, frame: dict[str, Any]) -> None:
+        try:
+            last_seq = int(frame.get("last_seq", 0))
+        except (TypeError, ValueError, OverflowError):  # OverflowError: 1e999 parses as inf
+            last_seq = 0
+        await self.subscription.resync(last_seq)
+
+    async def do_send(self, frame: dict[str, Any]) -> None:
+        await self._act(
+            actions.send_message,
+            str(frame.get("message") or ""),
+            str(frame.get("client_id") or ""),
+        )
+        await self.send(text_data=fragments.composer_reset(self.chat_id))
+
+    async def do_cancel(self, frame: dict[str, Any]) -> None:
+        await self._act(actions.cancel_run)
+
+    async def _decide(self, frame: dict[str, Any], *, approve: bool, always: bool = False):
+        await self._act(
+            actions.decide_approval,
+            str(frame.get("call_id") or ""),
+            approve=approve,
+            reason=str(frame.get("reason") or ""),
+            always=always,
+        )
+
+    async def do_approve(self, frame: dict[str, Any]) -> None:
+        await self._decide(frame, approve=True)
+
+    async def do_always(self, frame: dict[str, Any]) -> None:
+        await self._decide(frame, approve=True, always=True)
+
+    async def do_deny(self, frame: dict[str, Any]) -> None:
+        await self._decide(frame, approve=False)
+
+    async def do_switch_model(self, frame: dict[str, Any]) -> None:
+        await self._act(actions.switch_model, str(frame.get("model") or ""))
+
+    async def do_compact(self, frame: dict[str, Any]) -> None:
+        await self._act(actions.request_compaction)
+
+    async def do_regenerate(self, frame: dict[str, Any]) -> None:
+        await self._act(actions.regenerate)
+
+    async def do_edit_last(self, frame: dict[str, Any]) -> None:
+        await self._act(
+            actions.edit_last_message,
+            str(frame.get("message") or ""),
+            str(frame.get("client_id") or ""),
+        )
+
+    # --- pushes from the chat's group -----------------------------------------------------
+
+    async def chat_events(self, event: dict[str, Any]) -> None:
+        await self.subscription.on_events(event)
+
+    async def chat_stream(self, event: dict[str, Any]) -> None:
+        await self.subscription.on_stream(event)

@@ -1,0 +1,214 @@
+"""One socket's view of one chat: what it has seen, and what to push next.
+
+A :class:`ChatSubscription` holds the push state of a chat followed live: the
+resync cursor (the last display ``seq`` sent), the stream rounds already written
+(late snapshots of them are dropped), the quiet check (a read of the log when the
+stream goes quiet, in case the doorbell of its end was lost) and the periodic
+access re-check. A socket may hold many (the teacher's wall follows every chat of
+a class); each keeps the same guarantees: no gap, no duplicate, access re-checked.
+
+The subscription decides; the socket sends. It reads the log through
+``chat.presentation.fragments.next_batch`` and sends through the ``send`` callable
+it was given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from channels.db import database_sync_to_async
+
+from chat.models import Run
+from chat.presentation import fragments
+from chat.runhost import executor, transitions
+
+logger = logging.getLogger(__name__)
+
+# When stream snapshots stop for this long, read the log once (see _arm_quiet_check).
+QUIET_CHECK_SECONDS = 2.0
+# A page that only watches makes no actions to check: its view access is checked again
+# before a push once this long has passed since the last check (one query, not one a push).
+ACCESS_RECHECK_SECONDS = 10.0
+
+Send = Callable[[str], Awaitable[None]]
+CheckAccess = Callable[[], Awaitable[bool]]
+OnAccessLost = Callable[[], Awaitable[None]]
+
+
+class ChatSubscription:
+    def __init__(
+        self,
+        chat_id: str,
+        *,
+        send: Send,
+        may_view: CheckAccess,
+        on_access_lost: OnAccessLost,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.chat_id = chat_id
+        self.last_seq: int | None = None  # None until the page says where it is (resync)
+        self.flushed_round: dict[str, int] = {}
+        self._send = send
+        self._may_view = may_view
+        self._on_access_lost = on_access_lost
+        self._clock = clock or (lambda: asyncio.get_running_loop().time())
+        self._reading = False
+        self._read_again = False
+        self._quiet_check: asyncio.TimerHandle | None = None
+        self._quiet_task: asyncio.Task | None = None
+        self._last_snapshot_at = 0.0
+        self._access_checked_at = self._clock()
+        self.access_lost = False
+
+    def close(self) -> None:
+        if self._quiet_check is not None:
+            self._quiet_check.cancel()
+        if self._quiet_task is not None:
+            self._quiet_task.cancel()
+
+    # --- what the page says --------------------------------------------------------------
+
+    async def resync(self, last_seq: int) -> None:
+        """The page has everything up to ``last_seq``: send the rest and the live reply."""
+        self.last_seq = max(0, last_seq)
+        await self.push_new_events()
+        await self.push_current_partial()
+
+    # --- what the doorbell says ----------------------------------------------------------
+
+    async def on_events(self, event: dict[str, Any]) -> None:
+        """Doorbell: display events up to ``seq`` were written (see live.doorbell)."""
+        seq = int(event.get("seq", 0))
+        if self.last_seq is None or seq <= self.last_seq:
+            return
+        if not await self.may_still_watch():
+            return
+        if event.get("after") == self.last_seq and "html" in event and not self._reading:
+            # The very next events, rendered by the writer: no trip to the database.
+            self._note_written_rounds(event.get("rounds") or [])
+            self.last_seq = seq
+            await self._send(event["html"])
+            return
+        await self.push_new_events()
+
+    async def on_stream(self, event: dict[str, Any]) -> None:
+        """A snapshot of the reply being streamed."""
+        if self.last_seq is None or not await self.may_still_watch():
+            return
+        run_id = str(event.get("run_id"))
+        if int(event.get("round", 0)) <= self.flushed_round.get(run_id, -1):
+            return  # that reply was written already
+        await self._send(event["html"])
+        self._arm_quiet_check()
+
+    # --- access ----------------------------------------------------------------------------
+
+    async def may_still_watch(self) -> bool:
+        """Whether pushes may go on: access can be taken away while the socket is open.
+
+        Checked again at most every ``ACCESS_RECHECK_SECONDS``; once lost, nothing
+        more is pushed and the owner is told.
+        """
+        if self.access_lost:
+            return False
+        now = self._clock()
+        if now - self._access_checked_at < ACCESS_RECHECK_SECONDS:
+            return True
+        self._access_checked_at = now
+        if await self._may_view():
+            return True
+        self.access_lost = True
+        self.close()
+        await self._on_access_lost()
+        return False
+
+    # --- reading the log ---------------------------------------------------------------------
+
+    def _note_written_rounds(self, rounds: list[tuple[str, int]]) -> None:
+        for run_id, round_ in rounds:
+            self.flushed_round[run_id] = max(self.flushed_round.get(run_id, -1), round_)
+
+    async def push_new_events(self) -> None:
+        # One reader at a time: a doorbell (or the quiet check) arriving while the log is
+        # being read asks for one more read afterwards; a burst of doorbells costs two
+        # reads, not one each, and no two readers send the same events.
+        if self._reading:
+            self._read_again = True
+            return
+        self._reading = True
+        try:
+            self._read_again = True
+            while self._read_again:
+                self._read_again = False
+                await self._push_events_after_last_seq()
+        finally:
+            self._reading = False
+
+    async def _push_events_after_last_seq(self) -> None:
+        next_batch = database_sync_to_async(fragments.next_batch)
+        while self.last_seq is not None:
+            events, html = await next_batch(self.chat_id, self.last_seq)
+            if not events:
+                return
+            self._note_written_rounds(fragments.written_rounds(events))
+            self.last_seq = events[-1].seq
+            await self._send(html)
+            if len(events) < fragments.REPLAY_BATCH:
+                return
+
+    async def push_current_partial(self) -> None:
+        """A page (re)connecting during a run gets the reply written so far."""
+        run = await database_sync_to_async(_live_run)(self.chat_id)
+        if run is None:
+            return
+        if run.status == run.Status.WAITING:
+            # Nothing is being written while the run waits for the user's approval:
+            # an empty slot, not a typing indicator (as the live page shows it).
+            await self._send(fragments.idle_stream_slot() + fragments.controls(True, self.chat_id))
+            return
+        text, reasoning = executor.local_partial(str(run.pk)) or (
+            run.partial_text,
+            run.partial_reasoning,
+        )
+        await self._send(
+            fragments.partial_stream_slot(str(run.pk), text, reasoning, run.speakers)
+            + fragments.controls(True, self.chat_id)
+        )
+
+    # --- the quiet check -----------------------------------------------------------------------
+
+    def _arm_quiet_check(self) -> None:
+        """Read the log once the stream has gone quiet for a while.
+
+        The doorbell may be dropped under load (a full channel), and when the one that
+        announces the written reply is lost, no later frame reveals the gap: the page
+        would show the half-streamed text until reloaded. Costs one query per stream end.
+        """
+        loop = asyncio.get_running_loop()
+        self._last_snapshot_at = loop.time()
+        if self._quiet_check is None:  # one timer per stream, not one per snapshot
+            self._quiet_check = loop.call_later(QUIET_CHECK_SECONDS, self._start_quiet_check)
+
+    def _start_quiet_check(self) -> None:
+        loop = asyncio.get_running_loop()
+        quiet_for = loop.time() - self._last_snapshot_at
+        if quiet_for < QUIET_CHECK_SECONDS:
+            remaining = QUIET_CHECK_SECONDS - quiet_for
+            self._quiet_check = loop.call_later(remaining, self._start_quiet_check)
+            return
+        self._quiet_check = None
+        self._quiet_task = loop.create_task(self._quiet_push())
+
+    async def _quiet_push(self) -> None:
+        try:
+            if await self.may_still_watch():
+                await self.push_new_events()
+        except Exception:  # noqa: BLE001 - a safety net must not take the socket down
+            logger.warning("quiet check of chat %s failed", self.chat_id, exc_info=True)
+
+
+def _live_run(chat_id: str) -> Run | None:
+    return Run.objects.filter(chat_id=chat_id, status__in=transitions.LIVE).first()
