@@ -19,9 +19,15 @@ class ChatSession(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chats"
     )
+
+    class Kind(models.TextChoices):
+        CHAT = "chat"
+        CLASSROOM = "classroom"  # a student's chat of a class (the classroom app sets it up)
+
     title = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200, blank=True)
     agent = models.ForeignKey("Agent", null=True, blank=True, on_delete=models.PROTECT)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # Last seq handed out per channel; bumped under a row lock so seqs are gap-free.

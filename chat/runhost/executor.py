@@ -41,6 +41,7 @@ from chat.models import ChatSession, ChatToolGrant, Run
 from chat.runhost import transitions
 from chat.runhost.host import DjangoRunHost, partial_message
 from chat.runhost.keeper import KeptRun, keeper
+from chat.runhost.setup import RunSetup, setup_for
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +198,7 @@ class Prepared:
     grants: set[str]
     max_rounds: int
     resume: tuple[ChatMessage, dict[str, Decision]] | None
+    setup: RunSetup
 
 
 @lru_cache(maxsize=1)
@@ -204,11 +206,12 @@ def hook_registry() -> HookRegistry:
     return HookRegistry.from_dotted_paths(settings.LYCEUM_HOOKS)
 
 
-def tools_for(agent) -> tuple[ToolRegistry, dict[str, str]]:
+def tools_for(setup: RunSetup) -> tuple[ToolRegistry, dict[str, str]]:
     registry = default_registry()
-    names = [n for n in (agent.tools if agent else registry.names()) if n in registry]
-    policies = dict(agent.tool_policies or {}) if agent else {}
-    if agent is None or DELEGATE in (agent.tools or []):
+    wanted = registry.names() if setup.tools is None else setup.tools
+    names = [n for n in wanted if n in registry]
+    policies = dict(setup.tool_policies or {})
+    if setup.tools is None or DELEGATE in setup.tools:
         policies.setdefault(DELEGATE, "auto")
     tools = registry.subset(names).with_policies({k: v for k, v in policies.items() if k in names})
     return tools, policies
@@ -230,7 +233,8 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         return None
     run = Run.objects.select_related("chat", "chat__agent").get(pk=run_id)
     chat = run.chat
-    tools, policies = tools_for(chat.agent)
+    setup = setup_for(chat)
+    tools, policies = tools_for(setup)
     changes = {}
     resume_state = None
     if resume and run.pending_message:
@@ -238,9 +242,8 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         changes["pending_message"] = None
     if chat.model and chat.model != run.model:  # switched while the run waited
         changes["model"] = chat.model
-    speakers = list(chat.agent.personas or []) if chat.agent else []
-    if speakers != (run.speakers or []):
-        changes["speakers"] = run.speakers = speakers
+    if setup.speakers != (run.speakers or []):
+        changes["speakers"] = run.speakers = setup.speakers
     if changes:
         Run.objects.filter(pk=run.pk).update(**changes)
     return Prepared(
@@ -251,7 +254,8 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         tools=tools,
         policies=policies,
         grants=set(ChatToolGrant.objects.filter(chat=chat).values_list("tool_name", flat=True)),
-        max_rounds=chat.agent.max_rounds if chat.agent else 12,
+        max_rounds=setup.max_rounds,
+        setup=setup,
         resume=resume_state,
     )
 
@@ -270,11 +274,12 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     host = DjangoRunHost(prepared.run, prepared.context)
     _hosts[run_id] = host
     host.grants = prepared.grants
-    agent = prepared.chat.agent
-    host.agent_prompt = agent.system_prompt if agent else ""
+    setup = prepared.setup
+    host.agent_prompt = setup.system_prompt
     voices = Voices.from_names(prepared.run.speakers)
     if voices is not None:
-        host.agent_prompt = f"{host.agent_prompt}\n\n{cast_instructions(voices)}".strip()
+        cast = cast_instructions(voices, setup.roles)
+        host.agent_prompt = f"{host.agent_prompt}\n\n{cast}".strip()
     # One main assistant message per iteration, so a resumed leg's stream rounds
     # continue after the earlier leg's.
     host.round = prepared.run.iteration

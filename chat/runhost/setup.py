@@ -1,0 +1,52 @@
+"""How a run of a chat is set up: its system prompt, its speakers, its tools.
+
+The default comes from the chat's agent. Other apps set up the runs of their kinds
+of chat by registering a function for that kind (the classroom registers one for
+``ChatSession.Kind.CLASSROOM``: the scene, the guardrail and the cast), so chat
+never imports them. A setup function runs on the database thread, in the
+transaction that claims the run, and may read what it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chat.models import ChatSession
+
+DEFAULT_MAX_ROUNDS = 12
+
+
+@dataclass
+class RunSetup:
+    system_prompt: str = ""
+    speakers: list[str] = field(default_factory=list)  # a cast; empty: the main agent
+    roles: dict[str, str] = field(default_factory=dict)  # speaker -> what they are, for the cast
+    tools: list[str] | None = None  # tool names; None: the agent's
+    tool_policies: dict[str, str] | None = None
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+
+
+RunSetupFactory = Callable[[ChatSession], RunSetup]
+_setups: dict[str, RunSetupFactory] = {}
+
+
+def register_run_setup(kind: str, factory: RunSetupFactory) -> None:
+    """Set up the runs of chats of ``kind`` with ``factory`` (an app's ``ready()``)."""
+    _setups[kind] = factory
+
+
+def setup_for(chat: ChatSession) -> RunSetup:
+    factory = _setups.get(chat.kind)
+    if factory is not None:
+        return factory(chat)
+    agent = chat.agent
+    if agent is None:
+        return RunSetup()
+    return RunSetup(
+        system_prompt=agent.system_prompt,
+        speakers=list(agent.personas or []),
+        tools=list(agent.tools) if agent.tools is not None else None,
+        tool_policies=dict(agent.tool_policies or {}),
+        max_rounds=agent.max_rounds,
+    )
