@@ -4,8 +4,9 @@
 it). Loopback addresses (127.0.0.0/8, ::1), ``localhost``, Unix sockets and IP literals
 without a connection are allowed. Anything else raises :class:`NetworkBlocked` before
 any packet or DNS query leaves the box: ``socket.getaddrinfo`` refuses names it would
-have to ask a resolver about, which also covers ``socket.create_connection`` and
-asyncio's ``loop.getaddrinfo`` / ``loop.create_connection`` (and so httpx and anyio).
+have to ask a resolver about, which also covers asyncio's ``loop.getaddrinfo`` (and so
+httpx and anyio); ``socket.create_connection`` and asyncio's ``loop.create_connection``
+are checked before they resolve anything.
 
 NetworkBlocked is deliberately not an OSError, so code that handles connection errors
 does not mistake it for a refused connection; and every attempt is recorded in
@@ -17,6 +18,7 @@ connection, Chromium), and subprocesses started with exec.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import socket
@@ -80,12 +82,7 @@ def check_address(family: int, address: object, action: str = "connect to") -> N
     if not isinstance(address, tuple) or not address:
         return  # a malformed address: let the socket call reject it
     host = _text(address[0])
-    if host is None:
-        return
-    ip = _ip(host)
-    if ip is not None and _is_loopback_ip(ip):
-        return
-    if ip is None and _is_local_name(host):
+    if host is None or _is_local(host):
         return
     raise _block(f"{action} {address!r}")
 
@@ -116,13 +113,32 @@ def _guarded_sendto(self: socket.socket, data: Any, *args: Any) -> int:
     return _originals["sendto"](self, data, *args)
 
 
+def _is_local(host: str) -> bool:
+    ip = _ip(host)
+    return _is_loopback_ip(ip) if ip is not None else _is_local_name(host)
+
+
 def _guarded_create_connection(address: Any, *args: Any, **kwargs: Any) -> socket.socket:
     host = _text(address[0]) if isinstance(address, tuple) and address else None
-    if host is not None and not (
-        _is_local_name(host) or ((ip := _ip(host)) is not None and _is_loopback_ip(ip))
-    ):
+    if host is not None and not _is_local(host):
         raise _block(f"create_connection to {address!r}")
     return _originals["create_connection"](address, *args, **kwargs)
+
+
+async def _guarded_loop_create_connection(
+    self: asyncio.AbstractEventLoop,
+    protocol_factory: Any,
+    host: Any = None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    # Checked up front: with happy_eyeballs_delay, asyncio loses a non-OSError raised by
+    # sock.connect and reports an IndexError instead.
+    text = _text(host)
+    if text is not None and not _is_local(text):
+        port = args[0] if args else kwargs.get("port")
+        raise _block(f"create_connection to {(text, port)!r}")
+    return await _originals["loop.create_connection"](self, protocol_factory, host, *args, **kwargs)
 
 
 def _guarded_getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
@@ -163,6 +179,8 @@ def install() -> None:
     for name, guarded in _MODULE_FUNCTIONS.items():
         _originals[name] = getattr(socket, name)
         setattr(socket, name, guarded)
+    _originals["loop.create_connection"] = asyncio.BaseEventLoop.create_connection
+    asyncio.BaseEventLoop.create_connection = _guarded_loop_create_connection  # type: ignore[method-assign]
 
 
 def uninstall() -> None:
@@ -173,6 +191,8 @@ def uninstall() -> None:
     for name in _MODULE_FUNCTIONS:
         if name in _originals:
             setattr(socket, name, _originals.pop(name))
+    if "loop.create_connection" in _originals:
+        asyncio.BaseEventLoop.create_connection = _originals.pop("loop.create_connection")  # type: ignore[method-assign]
 
 
 def installed() -> bool:

@@ -137,6 +137,25 @@ async def test_asyncio_open_connection_beyond_loopback_fails(lookups):
     assert lookups == []
 
 
+async def test_happy_eyeballs_connections_report_the_guard(lookups):
+    # As chat.llm.netbackend connects. asyncio's staggered race would turn an error from
+    # sock.connect into an IndexError; the guard stops the call before it starts.
+    loop = asyncio.get_running_loop()
+    for host in ("10.255.255.1", "example.invalid"):
+        with netguard.expect_blocked(), pytest.raises(netguard.NetworkBlocked, match=host):
+            await loop.create_connection(asyncio.Protocol, host, 80, happy_eyeballs_delay=0.25)
+    assert lookups == []
+
+
+async def test_asyncio_loopback_connections_work(loopback_server):
+    loop = asyncio.get_running_loop()
+    for host in ("127.0.0.1", "localhost"):
+        transport, _ = await loop.create_connection(
+            asyncio.Protocol, host, loopback_server, happy_eyeballs_delay=0.25
+        )
+        transport.close()
+
+
 def test_loopback_connections_work(loopback_server):
     with socket.socket() as sock:
         sock.connect(("127.0.0.1", loopback_server))
