@@ -11,6 +11,7 @@ from asgiref.sync import SyncToAsync
 from django.contrib.auth.models import Group
 
 from chat.roles import TEACHERS_GROUP
+from tests import netguard
 from tests.fakeopenai import fake_openai  # noqa: F401 - a fixture for every test module
 
 PASSWORD = "correct-horse-battery"
@@ -28,12 +29,59 @@ CHROMIUM_ARGS = [
 ]
 
 
+# The developer's own provider and proxy variables must not reach the tests: a run would
+# talk to their server, or through their proxy. Subprocesses (workers, settings checks)
+# inherit this environment, so the variables leave os.environ.
+IGNORED_ENVIRONMENT = (
+    "LYCEUM_OPENAI_BASE_URL",
+    "LYCEUM_OPENAI_API_KEY",
+    "LYCEUM_OPENAI_MODELS",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+)
+
+
 def pytest_configure(config):
     from django.conf import settings
+
+    # pytest-django has read the settings before this conftest is imported, so the
+    # values taken from the environment are reset here as well as removed from it.
+    for name in IGNORED_ENVIRONMENT:
+        os.environ.pop(name, None)
+    settings.LYCEUM_OPENAI_BASE_URL = ""
+    settings.LYCEUM_OPENAI_API_KEY = ""
+    settings.LYCEUM_OPENAI_MODELS = []
 
     # PBKDF2 costs ~0.3 s per login; tests need no real hashing. Set process-wide
     # (not with the settings fixture) so forked live servers inherit it.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def network_guard():
+    """No test reaches beyond loopback: connections and DNS lookups elsewhere raise
+    netguard.NetworkBlocked (see tests/netguard.py)."""
+    netguard.install()
+    yield
+    netguard.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def _no_network_attempts(network_guard):
+    """Fails a test whose code tried to leave the machine, even if it caught the error."""
+    netguard.take_violations()
+    yield
+    attempts = netguard.take_violations()
+    if attempts:
+        pytest.fail("\n".join(attempts), pytrace=False)
 
 
 @pytest.fixture

@@ -45,7 +45,9 @@ def open_tool_call_ids(messages: list[ChatMessage]) -> set[str]:
             continue
         if message.is_tool_request:
             waiting = Counter(c.id for c in message.tool_calls or [])
-            waiting.subtract(m.tool_call_id for m in messages[index + 1 :])
+            waiting.subtract(
+                m.tool_call_id for m in messages[index + 1 :] if m.tool_call_id is not None
+            )
             return {call_id for call_id, missing in waiting.items() if missing > 0}
         return set()
     return set()
