@@ -170,7 +170,10 @@ def send_message(
             return _record_send(chat, text, client_id, thinking, edit_of)
     except IntegrityError:
         # Two sends with the same client id raced; the first one won.
-        return _sent_before(chat, client_id)
+        won = _sent_before(chat, client_id)
+        if won is None:
+            raise
+        return won
 
 
 def start_chat_and_send(

@@ -48,7 +48,7 @@ WRITE_ACTIONS = {
 
 class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     chat_id: str
-    subscription: ChatSubscription | None = None
+    subscription: ChatSubscription
 
     @property
     def channel_layer_alias(self) -> str:  # read by Channels as the consumer starts
@@ -75,7 +75,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         executor.ensure_sweeper()
 
     async def disconnect(self, code: int) -> None:
-        if self.subscription is not None:
+        if hasattr(self, "subscription"):
             self.subscription.close()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)

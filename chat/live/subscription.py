@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+from uuid import UUID
 
 from channels.db import database_sync_to_async
 
@@ -211,4 +212,4 @@ class ChatSubscription:
 
 
 def _live_run(chat_id: str) -> Run | None:
-    return Run.objects.filter(chat_id=chat_id, status__in=transitions.LIVE).first()
+    return Run.objects.filter(chat_id=UUID(chat_id), status__in=transitions.LIVE).first()

@@ -18,6 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.db import database_sync_to_async
@@ -235,7 +236,7 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
     chat = run.chat
     setup = setup_for(chat)
     tools, policies = tools_for(setup)
-    changes = {}
+    changes: dict[str, Any] = {}
     resume_state = None
     if resume and run.pending_message:
         resume_state = (ChatMessage.from_dict(run.pending_message), transitions.decisions_for(run))
