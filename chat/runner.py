@@ -27,9 +27,10 @@ from django.utils import timezone
 
 from chat import runs, store
 from chat.agent import events as ev
+from chat.agent.builtin_tools import default_registry
 from chat.agent.hooks import HookRegistry
 from chat.agent.loop import DELEGATE, AgentLoop, Decision, LoopConfig, LoopOutcome
-from chat.agent.tools import ToolRegistry, default_registry
+from chat.agent.registry import ToolRegistry
 from chat.agent.workspace import Workspace
 from chat.core.messages import ChatMessage
 from chat.dispatch import DirectDispatch

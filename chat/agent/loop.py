@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from chat.agent import events as ev
 from chat.agent.hooks import HookContext, HookEvent, HookRegistry
-from chat.agent.tools import ApprovalPolicy, ToolContext, ToolRegistry
+from chat.agent.registry import ApprovalPolicy, ToolContext, ToolRegistry
 from chat.agent.workspace import Workspace
 from chat.core import compact
 from chat.core.channels import LiveChannels

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chat.agent import events as ev
+from chat.agent.builtin_tools import default_registry
 from chat.agent.hooks import HookContext, HookEvent, HookRegistry, HookResult
 from chat.agent.loop import (
     DELEGATE,
@@ -24,7 +25,7 @@ from chat.agent.loop import (
     LoopOutcome,
     denied_text,
 )
-from chat.agent.tools import ToolRegistry, default_registry
+from chat.agent.registry import ToolRegistry
 from chat.agent.workspace import Workspace
 from chat.core import compact
 from chat.core.channels import open_tool_call_ids
