@@ -29,8 +29,9 @@ from chat import runs, store
 from chat.agent import events as ev
 from chat.agent.builtin_tools import default_registry
 from chat.agent.hooks import HookRegistry
-from chat.agent.loop import DELEGATE, AgentLoop, Decision, LoopConfig, LoopOutcome
+from chat.agent.loop import AgentLoop, Decision, LoopConfig, LoopOutcome
 from chat.agent.registry import ToolRegistry
+from chat.agent.subagent import DELEGATE
 from chat.agent.workspace import Workspace
 from chat.core.messages import ChatMessage
 from chat.dispatch import DirectDispatch

@@ -2,8 +2,7 @@
 ``default_registry()``, a registry holding them.
 
 Deliberately no shell and no network access. ``delegate`` (hand work to a sub-agent) is
-not here: it needs the provider, so the agent loop defines it and passes what it needs
-through ``ToolContext.extras``.
+not here: it needs the provider, so the agent loop runs it (``chat.agent.subagent``).
 
 Pure Python: no Django here.
 """
