@@ -218,7 +218,8 @@ def _checked(value: Any) -> Number:
             raise CalculatorError("the result is too large")
     elif abs(value) >= _INT_LIMIT:
         raise CalculatorError(f"the result has more than {MAX_RESULT_DIGITS} digits")
-    return value
+    number: Number = value
+    return number
 
 
 def _operator_refusal(op: ast.AST) -> str:

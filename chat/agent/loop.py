@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from chat.agent import events as ev
-from chat.agent.hooks import HookContext, HookEvent, HookRegistry
+from chat.agent.hooks import HookContext, HookEvent, HookRegistry, HookResult
 from chat.agent.registry import ApprovalPolicy, ToolContext, ToolOutcome, ToolRegistry
 from chat.agent.subagent import DELEGATE, DELEGATE_SPEC, SubAgent
 from chat.agent.workspace import Workspace
@@ -467,7 +467,7 @@ class AgentLoop:
         await self.host.emit(ev.HandEnd(name=DELEGATE, label=label, result=report))
         return report, "done" if ok else "failed"
 
-    async def _hook(self, event: HookEvent, **fields: Any):
+    async def _hook(self, event: HookEvent, **fields: Any) -> HookResult | None:
         if not self.hooks.has_hooks(event):
             return None
         context = HookContext(event=event, model=self.config.model, chat_id=self.chat_id, **fields)

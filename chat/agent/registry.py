@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar, overload
 
 from chat.agent.schema import (
     CTX_PARAM,
@@ -155,8 +155,16 @@ class _ToolOptions:
     timeout: float | None
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@overload
+def tool(fn: F, /) -> F: ...
+
+
+@overload
 def tool(
-    fn: Callable[..., Any] | None = None,
+    fn: None = None,
     /,
     *,
     name: str | None = None,
@@ -164,7 +172,19 @@ def tool(
     policy: ApprovalPolicy | str | None = None,
     writes: bool = False,
     timeout: float | None = None,
-) -> Any:
+) -> Callable[[F], F]: ...
+
+
+def tool(
+    fn: F | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    policy: ApprovalPolicy | str | None = None,
+    writes: bool = False,
+    timeout: float | None = None,
+) -> F | Callable[[F], F]:
     """Mark a function as a tool (``@tool`` or ``@tool(writes=True)``).
 
     The function stays a plain function; ``ToolRegistry.register`` reads the options.
@@ -172,7 +192,7 @@ def tool(
     """
     options = _ToolOptions(name, description, policy, writes, timeout)
 
-    def mark(func: Callable[..., Any]) -> Callable[..., Any]:
+    def mark(func: F) -> F:
         tool_def_from_function(func, **dataclasses.asdict(options))
         setattr(func, _OPTIONS_ATTR, options)
         return func

@@ -259,7 +259,9 @@ def bind_arguments(
     return kwargs
 
 
-def _parse_arguments_json(tool_name: str, arguments: str | Mapping[str, Any] | None) -> dict:
+def _parse_arguments_json(
+    tool_name: str, arguments: str | Mapping[str, Any] | None
+) -> dict[str, Any]:
     if isinstance(arguments, Mapping):
         return dict(arguments)
     text = (arguments or "").strip()
