@@ -42,8 +42,8 @@ from bench.bench_provider import (  # noqa: E402
     measure_provider,
 )
 from chat.agent import events as ev  # noqa: E402
+from chat.agent.builtin_tools import default_registry  # noqa: E402
 from chat.agent.loop import AgentLoop, LoopConfig  # noqa: E402
-from chat.agent.tools import default_registry  # noqa: E402
 from chat.agent.workspace import Workspace  # noqa: E402
 from chat.llm.openai import OpenAIProvider  # noqa: E402
 from chat.llm.types import (  # noqa: E402

@@ -1,8 +1,8 @@
-"""The built-in tools: a calculator, the clock, and the chat workspace's files.
+"""The built-in tools (a calculator, the clock, the chat workspace's files) and
+``default_registry()``, a registry holding them.
 
 Deliberately no shell and no network access. ``delegate`` (hand work to a sub-agent) is
-not here: it needs the provider, so the agent loop defines it and passes what it needs
-through ``ToolContext.extras``.
+not here: it needs the provider, so the agent loop runs it (``chat.agent.subagent``).
 
 Pure Python: no Django here.
 """
@@ -14,9 +14,10 @@ import math
 import operator
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
-from chat.agent.tools import ToolContext, tool
+from chat.agent.registry import ToolContext, ToolDef, ToolRegistry, tool
 
 # --- calculator ---------------------------------------------------------------------------
 
@@ -217,7 +218,8 @@ def _checked(value: Any) -> Number:
             raise CalculatorError("the result is too large")
     elif abs(value) >= _INT_LIMIT:
         raise CalculatorError(f"the result has more than {MAX_RESULT_DIGITS} digits")
-    return value
+    number: Number = value
+    return number
 
 
 def _operator_refusal(op: ast.AST) -> str:
@@ -327,3 +329,17 @@ BUILTIN_TOOLS: tuple[Callable[..., Any], ...] = (
     list_files,
 )
 BUILTIN_TOOL_NAMES: tuple[str, ...] = tuple(fn.__name__ for fn in BUILTIN_TOOLS)
+
+
+def default_registry() -> ToolRegistry:
+    """A fresh registry holding the built-in tools (callers may extend or narrow it)."""
+    return ToolRegistry(_builtin_tool_defs())
+
+
+@lru_cache(maxsize=1)
+def _builtin_tool_defs() -> tuple[ToolDef, ...]:
+    # Read from the functions' signatures and docstrings once per process, not per run.
+    registry = ToolRegistry()
+    for fn in BUILTIN_TOOLS:
+        registry.register(fn)
+    return tuple(registry)

@@ -202,30 +202,28 @@ class Error(RunEvent):
     status: str = "failed"  # failed | interrupted
 
 
-EVENT_TYPES: dict[str, type[RunEvent]] = {
-    cls.type: cls
-    for cls in [
-        RunStart,
-        IterationStart,
-        Delta,
-        ThinkingDelta,
-        RetryingEvent,
-        ToolStart,
-        ToolEnd,
-        ApprovalRequired,
-        ApprovalDecided,
-        HandStart,
-        HandEnd,
-        SubtaskStatus,
-        Compacting,
-        Compacted,
-        ContextUsage,
-        InputTaken,
-        Complete,
-        Cancelled,
-        Error,
-    ]
-}
+_EVENT_CLASSES: tuple[type[RunEvent], ...] = (
+    RunStart,
+    IterationStart,
+    Delta,
+    ThinkingDelta,
+    RetryingEvent,
+    ToolStart,
+    ToolEnd,
+    ApprovalRequired,
+    ApprovalDecided,
+    HandStart,
+    HandEnd,
+    SubtaskStatus,
+    Compacting,
+    Compacted,
+    ContextUsage,
+    InputTaken,
+    Complete,
+    Cancelled,
+    Error,
+)
+EVENT_TYPES: dict[str, type[RunEvent]] = {cls.type: cls for cls in _EVENT_CLASSES}
 TERMINAL_TYPES = frozenset(name for name, cls in EVENT_TYPES.items() if cls.terminal)
 
 

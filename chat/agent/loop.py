@@ -9,6 +9,10 @@ plus everything the run adds); the live channels get every message the run
 produces, and the host persists them at safe points. Tool calls that need the
 user's approval *suspend* the run: the host stores the pending call and the run
 resumes (in any process, after any restart) once every call has an answer.
+
+The ``delegate`` tool runs a :class:`chat.agent.subagent.SubAgent`, which uses the loop
+only through its public ``host``, ``provider``, ``tools``, ``model``, ``policy()``,
+``count_usage()`` and ``execute_tool()``.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from chat.agent import events as ev
-from chat.agent.hooks import HookContext, HookEvent, HookRegistry
-from chat.agent.tools import ApprovalPolicy, ToolContext, ToolRegistry
+from chat.agent.hooks import HookContext, HookEvent, HookRegistry, HookResult
+from chat.agent.registry import ApprovalPolicy, ToolContext, ToolOutcome, ToolRegistry
+from chat.agent.subagent import DELEGATE, DELEGATE_SPEC, SubAgent
 from chat.agent.workspace import Workspace
 from chat.core import compact
 from chat.core.channels import LiveChannels, wrap_for_context
 from chat.core.eventlog import sanitize
 from chat.core.messages import ChatMessage, Role, ToolCall, assistant, tool_result
+from chat.core.prompts import EXPIRED_TEXT, USER_APPENDED_PREFIX, denied_text
 from chat.core.tokens import estimate_text_tokens, estimate_tokens
 from chat.core.voices import Voices, split_reply
 from chat.core.window import WindowLimits
@@ -42,46 +48,6 @@ from chat.llm.types import (
 )
 
 logger = logging.getLogger(__name__)
-
-DELEGATE = "delegate"
-USER_APPENDED_PREFIX = "[User appended] "
-SUB_AGENT_MAX_ROUNDS = 8
-SUB_AGENT_PROMPT = (
-    "You are a sub-agent working for the main assistant. Do the task you are given, "
-    "using your tools if they help, and answer with a short, factual report. "
-    "The user does not see your messages directly."
-)
-DELEGATE_SPEC: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": DELEGATE,
-        "description": "Hand a self-contained task to a sub-agent, which works on it with "
-        "the same tools (except delegate) and returns a report.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "task": {"type": "string", "description": "What the sub-agent should do."},
-                "label": {
-                    "type": "string",
-                    "description": "A short name for the sub-agent, e.g. 'research'.",
-                },
-            },
-            "required": ["task"],
-        },
-    },
-}
-
-
-def denied_text(reason: str) -> str:
-    reason = reason.strip()
-    return (
-        f"The user denied this tool call. Reason: {reason}"
-        if reason
-        else ("The user denied this tool call.")
-    )
-
-
-EXPIRED_TEXT = "The approval request expired without an answer, so the tool call was not run."
 
 
 @dataclass(frozen=True)
@@ -201,6 +167,10 @@ class AgentLoop:
 
     def usage(self) -> Usage:
         return Usage(self.usage_in, self.usage_out, self.usage_estimated)
+
+    @property
+    def model(self) -> str:
+        return self.config.model
 
     async def run(
         self,
@@ -338,7 +308,7 @@ class AgentLoop:
                     thinking=False,
                 )
             )
-            self._count_usage(end, request)
+            self.count_usage(end, request)
             return end.text
 
         try:
@@ -414,10 +384,11 @@ class AgentLoop:
                 end = chunk
         if end is None:
             raise ProviderError(ErrorCategory.MALFORMED_STREAM, streamed=bool(self.round.text))
-        self._count_usage(end, self.messages, system_prompt)
+        self.count_usage(end, self.messages, system_prompt)
         return end
 
-    def _count_usage(self, end: StreamEnd, request: list[ChatMessage], prompt: str = "") -> None:
+    def count_usage(self, end: StreamEnd, request: list[ChatMessage], prompt: str = "") -> None:
+        """Add a provider call's tokens to the run's usage (estimated when not reported)."""
         if end.usage is not None and not end.usage.estimated:
             self.usage_in += end.usage.input_tokens
             self.usage_out += end.usage.output_tokens
@@ -427,7 +398,7 @@ class AgentLoop:
         self.usage_out += estimate_text_tokens(end.text) + estimate_text_tokens(end.reasoning)
 
     def _tool_specs(self) -> list[dict[str, Any]]:
-        specs = [t.spec() for t in self.tools if self._policy(t.name) is not ApprovalPolicy.DENY]
+        specs = [t.spec() for t in self.tools if self.policy(t.name) is not ApprovalPolicy.DENY]
         if self._offers_delegate():
             specs.append(DELEGATE_SPEC)
         return specs
@@ -435,7 +406,8 @@ class AgentLoop:
     def _offers_delegate(self) -> bool:
         return self.tool_policies.get(DELEGATE) not in (None, ApprovalPolicy.DENY)
 
-    def _policy(self, name: str) -> ApprovalPolicy:
+    def policy(self, name: str) -> ApprovalPolicy:
+        """A tool's effective policy in this run: the run's overrides, else the registry's."""
         if name in self.tool_policies:
             return self.tool_policies[name]
         if name == DELEGATE:
@@ -453,7 +425,7 @@ class AgentLoop:
             call
             for call in calls
             if call.id not in decisions
-            and self._policy(call.name) is ApprovalPolicy.ASK
+            and self.policy(call.name) is ApprovalPolicy.ASK
             and not self.host.granted(call.name)
         ]
         if pending:
@@ -476,7 +448,7 @@ class AgentLoop:
         return False
 
     async def _run_call(self, call: ToolCall, decision: Decision | None) -> tuple[str, str]:
-        policy = self._policy(call.name)
+        policy = self.policy(call.name)
         if decision is not None and not decision.approved:
             return (EXPIRED_TEXT if decision.expired else denied_text(decision.reason)), "denied"
         if policy is ApprovalPolicy.DENY:
@@ -486,9 +458,13 @@ class AgentLoop:
         )
         if call.name == DELEGATE:
             return await self._delegate(call)
-        ctx = ToolContext(workspace=self.workspace, chat_id=self.chat_id, call_id=call.id)
-        outcome = await self.tools.execute(call.name, call.arguments, ctx, self.config.tool_timeout)
+        outcome = await self.execute_tool(call)
         return outcome.content, "failed" if outcome.is_error else "done"
+
+    async def execute_tool(self, call: ToolCall) -> ToolOutcome:
+        """Run a tool call in this run's workspace, with this run's timeout (no policy check)."""
+        ctx = ToolContext(workspace=self.workspace, chat_id=self.chat_id, call_id=call.id)
+        return await self.tools.execute(call.name, call.arguments, ctx, self.config.tool_timeout)
 
     async def _delegate(self, call: ToolCall) -> tuple[str, str]:
         args = _parse_json(call.arguments)
@@ -513,100 +489,11 @@ class AgentLoop:
         await self.host.emit(ev.HandEnd(name=DELEGATE, label=label, result=report))
         return report, "done" if ok else "failed"
 
-    async def _hook(self, event: HookEvent, **fields: Any):
+    async def _hook(self, event: HookEvent, **fields: Any) -> HookResult | None:
         if not self.hooks.has_hooks(event):
             return None
         context = HookContext(event=event, model=self.config.model, chat_id=self.chat_id, **fields)
         return await self.hooks.run(event, context)
-
-
-class SubAgent:
-    """A nested loop on its own message list, with the parent's tools minus delegate.
-
-    Its messages enter the chat labelled ``SubAgent@<label>``: clean in display,
-    wrapped in context and held back while the parent's delegate call is open.
-    Tools that need approval are refused: a sub-agent cannot stop to ask.
-    """
-
-    def __init__(self, parent: AgentLoop, *, label: str, task_id: str) -> None:
-        self.parent = parent
-        self.sender = f"SubAgent@{label}"
-        self.task_id = task_id
-
-    async def run(self, task: str) -> tuple[str, bool]:
-        parent = self.parent
-        messages: list[ChatMessage] = [ChatMessage(role=Role.USER, content=task)]
-        tools = [t.spec() for t in parent.tools if self._may_run(t.name)]
-        text = ""
-        for _round in range(SUB_AGENT_MAX_ROUNDS):
-            request = ChatRequest(
-                model=parent.config.model,
-                messages=sanitize(messages),
-                system_prompt=SUB_AGENT_PROMPT,
-                tools=tools,
-                thinking=False,
-            )
-            try:
-                end = await parent.provider.complete(request)
-            except ProviderError as exc:
-                return f"Sub-agent failed: {exc.message}", False
-            parent._count_usage(end, request.messages, SUB_AGENT_PROMPT)
-            text = end.text
-            if text.strip():
-                await self._say(text)
-            if not end.tool_calls:
-                return text or "[Sub-agent finished with no text output]", True
-            messages.append(assistant(text, tool_calls=end.tool_calls))
-            for call in end.tool_calls:
-                await self._show_call(call)
-                content = await self._run_tool(call)
-                messages.append(tool_result(call.id, content))
-                parent.host.channels.push_display_only(
-                    tool_result(call.id, content, sender_name=self.sender)
-                )
-                await parent.host.commit()
-        return text or "[Sub-agent ran out of steps]", bool(text)
-
-    def _may_run(self, name: str) -> bool:
-        """AUTO tools, and ASK tools the user allowed for the chat; a grant never lifts DENY."""
-        policy = self.parent._policy(name)
-        return policy is ApprovalPolicy.AUTO or (
-            policy is ApprovalPolicy.ASK and self.parent.host.granted(name)
-        )
-
-    async def _say(self, text: str) -> None:
-        self.parent.host.channels.push_labelled(assistant(text, sender_name=self.sender))
-        await self.parent.host.commit()
-
-    async def _show_call(self, call: ToolCall) -> None:
-        channels = self.parent.host.channels
-        channels.push_display_only(assistant("", tool_calls=[call], sender_name=self.sender))
-        # Context gets a note, not a structured call: the parent never sees the sub-agent's
-        # tool protocol, only that it used a tool.
-        channels.push_labelled(
-            assistant(f"[called tool {call.name}]", sender_name=self.sender),
-            display=False,
-        )
-        await self.parent.host.commit()
-
-    async def _run_tool(self, call: ToolCall) -> str:
-        parent = self.parent
-        if (
-            call.name == DELEGATE
-            or call.name not in parent.tools
-            or parent._policy(call.name) is ApprovalPolicy.DENY
-        ):
-            return f"Error: the tool {call.name!r} is not available to sub-agents."
-        if not self._may_run(call.name):
-            return (
-                f"Error: {call.name} needs the user's approval, which sub-agents cannot ask for. "
-                "Report back and let the main assistant do it."
-            )
-        ctx = ToolContext(workspace=parent.workspace, chat_id=parent.chat_id, call_id=call.id)
-        outcome = await parent.tools.execute(
-            call.name, call.arguments, ctx, parent.config.tool_timeout
-        )
-        return outcome.content
 
 
 def _parse_json(raw: str) -> Any:

@@ -29,9 +29,11 @@ from django.utils import timezone
 
 from chat import store
 from chat.agent import events as ev
+from chat.agent.builtin_tools import default_registry
 from chat.agent.hooks import HookRegistry
-from chat.agent.loop import DELEGATE, AgentLoop, Decision, LoopConfig, LoopOutcome
-from chat.agent.tools import ToolRegistry, default_registry
+from chat.agent.loop import AgentLoop, Decision, LoopConfig, LoopOutcome
+from chat.agent.registry import ToolRegistry
+from chat.agent.subagent import DELEGATE
 from chat.agent.workspace import Workspace
 from chat.catalog import ResolvedModel, UnknownModel, close_providers, resolve_model
 from chat.core.messages import ChatMessage

@@ -17,10 +17,11 @@ from chat.agent.builtin_tools import (
     MAX_EXPRESSION_CHARS,
     CalculatorError,
     calculator,
+    default_registry,
     evaluate,
     format_number,
 )
-from chat.agent.tools import ToolContext, ToolOutcome, default_registry
+from chat.agent.registry import ToolContext, ToolOutcome
 from chat.agent.workspace import Workspace
 
 

@@ -12,23 +12,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chat.agent import events as ev
+from chat.agent.builtin_tools import default_registry
 from chat.agent.hooks import HookContext, HookEvent, HookRegistry, HookResult
-from chat.agent.loop import (
-    DELEGATE,
-    EXPIRED_TEXT,
-    SUB_AGENT_PROMPT,
-    USER_APPENDED_PREFIX,
-    AgentLoop,
-    Decision,
-    LoopConfig,
-    LoopOutcome,
-    denied_text,
-)
-from chat.agent.tools import ToolRegistry, default_registry
+from chat.agent.loop import AgentLoop, Decision, LoopConfig, LoopOutcome
+from chat.agent.registry import ToolRegistry
+from chat.agent.subagent import DELEGATE
 from chat.agent.workspace import Workspace
 from chat.core import compact
 from chat.core.channels import open_tool_call_ids
 from chat.core.messages import ChatMessage, Role, assistant, tool_result, user
+from chat.core.prompts import EXPIRED_TEXT, SUB_AGENT_PROMPT, USER_APPENDED_PREFIX, denied_text
 from chat.core.tokens import estimate_text_tokens, estimate_tokens
 from chat.llm.types import (
     ChatRequest,

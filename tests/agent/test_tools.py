@@ -10,18 +10,16 @@ from typing import Literal, Optional
 
 import pytest
 
-from chat.agent.builtin_tools import BUILTIN_TOOL_NAMES
-from chat.agent.tools import (
+from chat.agent.builtin_tools import BUILTIN_TOOL_NAMES, default_registry
+from chat.agent.registry import (
     ApprovalPolicy,
-    ToolArgumentError,
     ToolContext,
     ToolOutcome,
     ToolRegistry,
-    default_registry,
-    parse_docstring,
     tool,
     tool_def_from_function,
 )
+from chat.agent.schema import ToolArgumentError, parse_docstring
 from chat.agent.workspace import Workspace
 
 # --- sample tools -------------------------------------------------------------------------

@@ -11,7 +11,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from chat.core.compact import build_summary_request
 from chat.core.messages import ChatMessage, ToolCall, assistant, tool_result, user
+from chat.core.prompts import EXPIRED_TEXT, SUB_AGENT_PROMPT, denied_text
 from chat.llm.demo import DemoProvider, split_into_chunks
 from chat.llm.types import (
     ChatRequest,
@@ -48,7 +50,6 @@ def spec(name: str, params: list[str]) -> dict[str, Any]:
 
 
 ALL_TOOLS = [spec(name, params) for name, params in TOOL_PARAMETERS.items()]
-SUB_AGENT_PROMPT = "You are a sub-agent working for the lead agent. Report back briefly."
 
 
 def request(
@@ -341,7 +342,7 @@ async def test_denial_reason_is_quoted_verbatim() -> None:
         "write file a.md",
         "write_file",
         {"path": "a.md", "content": "x"},
-        f"The user denied this tool call. Reason: {reason}",
+        denied_text(reason),
     )
     end = await run(request(*messages))
     assert end.text.startswith(
@@ -365,7 +366,7 @@ def test_any_denial_reason_appears_verbatim(reason: str) -> None:
         "edit file a.md",
         "edit_file",
         {"path": "a.md"},
-        f"The user denied this tool call. Reason: {reason}",
+        denied_text(reason),
     )
     end = asyncio.run(run(request(*messages)))
     assert f"because you denied it: {reason.strip()}" in end.text
@@ -382,8 +383,7 @@ async def test_tool_error_is_reported_plainly() -> None:
 
 
 async def test_expired_approval_is_not_mistaken_for_success() -> None:
-    expired = "The approval request expired without an answer, so the tool call was not run."
-    messages = after_tool("write a file", "write_file", {"path": "notes.md"}, expired)
+    messages = after_tool("write a file", "write_file", {"path": "notes.md"}, EXPIRED_TEXT)
     end = await run(request(*messages))
     assert end.text.startswith("The approval request expired, so I did not write the file.")
 
@@ -489,12 +489,9 @@ async def test_compaction_summary_names_the_first_user_messages() -> None:
         user('[User appended] Next Friday, say "low tide"'),
         assistant("Noted."),
     ]
-    prompt = (
-        "Summarise the conversation in 9 sections: 1. Primary Request and Intent, 2. Key "
-        "Concepts, ...\n\n" + json.dumps([m.to_dict() for m in transcript])
-    )
+    (prompt,) = build_summary_request(transcript)  # what the agent loop sends
     provider = DemoProvider(token_delay=30)  # complete() never sleeps
-    end = await asyncio.wait_for(provider.complete(request(user(prompt), tools=[])), timeout=10)
+    end = await asyncio.wait_for(provider.complete(request(prompt, tools=[])), timeout=10)
     assert end.finish_reason == "stop" and end.tool_calls == []
     assert "1. Primary Request:" in end.text
     assert "Plan a field trip to the tide pools" in end.text
@@ -554,3 +551,11 @@ async def test_cancelling_the_consumer_stops_the_stream_promptly() -> None:
     assert len(received) == count_at_cancel
     assert count_at_cancel < 10
     assert not any(isinstance(c, StreamEnd) for c in received)
+
+
+async def test_a_tool_error_that_says_denied_is_an_error_not_a_denial() -> None:
+    messages = after_tool(
+        "read file a.md", "read_file", {"path": "a.md"}, "Error: PermissionError: access denied"
+    )
+    end = await run(request(*messages))
+    assert end.text.startswith("The `read_file` tool reported an error")

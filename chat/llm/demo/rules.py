@@ -1,21 +1,14 @@
-"""The built-in offline demo model: a scripted provider that needs no network.
-
-It speaks the same :class:`~chat.llm.types.Provider` interface as the OpenAI-compatible
-provider, so the whole app (streaming, thinking, tool calls with approval, sub-agents,
-code blocks, classroom personas, compaction, errors, Stop) can be tried and tested
-offline. It is deterministic: the same request always gives the same chunks. The only
-"randomness" is a ``random.Random`` seeded from a hash of the request, used to vary
-phrasing. Models: ``demo`` (streams at ``token_delay`` per chunk) and ``demo-fast``
-(no delay).
+"""What the user typed → what the demo model does: the whole reply, planned up front.
 
 What it answers is decided by the **last message** of the request.
 
 After a tool result (role ``tool``) it writes a final answer that uses the result. A
-result containing "denied" is acknowledged ("Understood — I did not write the file
-because you denied it: <reason>."), quoting the reason verbatim; a result starting with
-"Error" is reported plainly; an expired approval request is said to have expired; a
-calculator result gives "The result is <result>.". After the ``compact`` tool result that
-carries a compaction summary, it carries on with the newest user message instead.
+denial (``chat.core.prompts.denied_text``) is acknowledged ("Understood — I did not write
+the file because you denied it: <reason>."), quoting the reason verbatim; a result
+starting with "Error" is reported plainly; an expired approval request
+(``chat.core.prompts.EXPIRED_TEXT``) is said to have expired; a calculator result gives
+"The result is <result>.". After the ``compact`` tool result that carries a compaction
+summary, it carries on with the newest user message instead.
 
 After a user message (a leading ``[User appended]`` is ignored), the first rule in this
 table that matches wins (keywords are case-insensitive whole words):
@@ -36,54 +29,61 @@ table that matches wins (keywords are case-insensitive whole words):
 | anything else | a short friendly answer that quotes you and suggests what to try |
 
 A tool is only called when the request offers it; otherwise the answer says that the tool
-is not available. Unless ``request.thinking`` is false, every answer first streams a short
-reasoning. Special modes, chosen from the system prompt or the request:
+is not available. Special modes, chosen from the system prompt or the request:
 
-* **sub-agent** (system prompt contains "You are a sub-agent"): a two-sentence report
-  starting "Sub-agent report:"; calls `calculator` first when the task holds an expression.
+* **sub-agent** (the system prompt holds ``chat.core.prompts.SUB_AGENT_PROMPT``): a
+  two-sentence report starting "Sub-agent report:"; calls `calculator` first when the task
+  holds an expression.
 * **persona** (system prompt contains "Respond as the persona <Name>"): one to three
   sentences in that persona's voice about the user's last message.
-* **compaction** (last user message contains "Primary Request"): a nine-section summary
-  naming the first user messages of the JSON transcript and how many messages it held.
+* **compaction** (the last user message starts with
+  ``chat.core.compact.SUMMARY_INSTRUCTIONS``): a nine-section summary naming the first user
+  messages of the JSON transcript and how many messages it held.
+
+Pure and deterministic: the only "randomness" is a ``random.Random`` seeded from a hash of
+the request.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import random
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from chat.core.channels import strip_agent_xml_tag
+from chat.core.compact import COMPACT_TOOL_NAME, SUMMARY_INSTRUCTIONS
 from chat.core.messages import ChatMessage, Role, ToolCall
-from chat.llm.types import (
-    ChatRequest,
-    ErrorCategory,
-    ProviderError,
-    ReasoningDelta,
-    StreamChunk,
-    StreamEnd,
-    TextDelta,
-    ToolCallStarted,
-    Usage,
+from chat.core.prompts import (
+    DENIED_REASON_LABEL,
+    DENIED_TEXT,
+    EXPIRED_TEXT,
+    SUB_AGENT_PROMPT,
+    USER_APPENDED_PREFIX,
 )
-
-DEMO_MODELS = ["demo", "demo-fast"]
-FAST_MODEL = "demo-fast"
-SUB_AGENT_MARKER = "you are a sub-agent"
-SUB_AGENT_PREFIX = "Sub-agent report:"
-SUMMARY_MARKER = "primary request"
-COMPACT_TOOL = "compact"  # the tool-call pair that carries a compaction summary in context
-DEFAULT_FILE = "notes.md"
-DRAFT_MARKER, FINAL_MARKER = "Status: draft", "Status: final"
-DEFAULT_DELEGATE_TASK = "Research the main topic of this conversation and report three key facts."
-FAIL_MESSAGE = "The demo model failed on request."
-FAIL_MIDWAY_MESSAGE = "The demo model failed midway through its reply, on request."
+from chat.llm.demo.texts import (
+    DEFAULT_DELEGATE_TASK,
+    DEFAULT_FILE,
+    DRAFT_MARKER,
+    FAIL_MIDWAY_TEXT,
+    FINAL_MARKER,
+    FINDINGS,
+    OPENERS,
+    PERSONA_LINES,
+    SUB_AGENT_PREFIX,
+    SUGGESTIONS,
+    XSS_CORPUS,
+    code_answer,
+    draft_document,
+    long_answer,
+    markdown_answer,
+    quote,
+)
+from chat.llm.types import ChatRequest
 
 
 class Failure(StrEnum):
@@ -116,83 +116,6 @@ class _Turn:
     offered: dict[str, dict[str, Any]]  # tool name → its "function" spec
 
 
-# --- the provider -------------------------------------------------------------------------
-
-
-class DemoProvider:
-    """Scripted offline model behind the :class:`~chat.llm.types.Provider` interface."""
-
-    def __init__(self, name: str = "demo", *, token_delay: float = 0.03, chunk_words: int = 1):
-        if token_delay < 0:
-            raise ValueError("token_delay must be >= 0")
-        if chunk_words < 1:
-            raise ValueError("chunk_words must be >= 1")
-        self.name = name
-        self.token_delay = token_delay
-        self.chunk_words = chunk_words
-
-    def stream(self, request: ChatRequest) -> AsyncIterator[StreamChunk]:
-        delay = 0.0 if request.model == FAST_MODEL else self.token_delay
-        return self._generate(request, delay)
-
-    async def complete(self, request: ChatRequest) -> StreamEnd:
-        async for chunk in self._generate(request, 0.0):
-            if isinstance(chunk, StreamEnd):
-                return chunk
-        raise ProviderError(ErrorCategory.MALFORMED_STREAM)  # unreachable: the stream always ends
-
-    async def list_models(self) -> list[str]:
-        return list(DEMO_MODELS)
-
-    async def _generate(self, request: ChatRequest, delay: float) -> AsyncIterator[StreamChunk]:
-        reply = plan_reply(request)
-        if reply.failure is Failure.BEFORE_ANY_TOKEN:
-            raise ProviderError(ErrorCategory.PROVIDER_ERROR, FAIL_MESSAGE)
-        reasoning = reply.reasoning if request.thinking else ""
-        output_words = 0
-        for piece in split_into_chunks(reasoning, self.chunk_words):
-            await _pause(delay)
-            output_words += 1
-            yield ReasoningDelta(piece)
-        for piece in split_into_chunks(reply.text, self.chunk_words):
-            await _pause(delay)
-            output_words += 1
-            yield TextDelta(piece)
-        if reply.failure is Failure.MIDWAY:
-            raise ProviderError(ErrorCategory.PROVIDER_ERROR, FAIL_MIDWAY_MESSAGE, streamed=True)
-        tool_calls: list[ToolCall] = []
-        if reply.tool_call is not None:
-            call_id = tool_call_id(request)
-            await _pause(delay)
-            yield ToolCallStarted(index=0, id=call_id, name=reply.tool_call.name)
-            arguments = json.dumps(reply.tool_call.arguments, ensure_ascii=False)
-            tool_calls.append(ToolCall(id=call_id, name=reply.tool_call.name, arguments=arguments))
-            output_words += max(1, len(arguments) // 4)
-        yield StreamEnd(
-            finish_reason="tool_calls" if tool_calls else "stop",
-            tool_calls=tool_calls,
-            usage=Usage(input_tokens=_input_tokens(request), output_tokens=output_words),
-            text=reply.text,
-            reasoning=reasoning,
-        )
-
-
-async def _pause(delay: float) -> None:
-    # Always yield to the loop, even at zero delay, so a cancelled consumer stops at once.
-    await asyncio.sleep(delay if delay > 0 else 0)
-
-
-def split_into_chunks(text: str, words_per_chunk: int) -> list[str]:
-    """Cut text into chunks of N words, keeping every whitespace so they join back exactly."""
-    body = text.lstrip()
-    words = re.findall(r"\S+\s*", body)  # linear, unlike a pattern that starts with \s*
-    leading = text[: len(text) - len(body)]
-    if not words:
-        return [leading] if leading else []
-    words[0] = leading + words[0]
-    return ["".join(words[i : i + words_per_chunk]) for i in range(0, len(words), words_per_chunk)]
-
-
 def request_digest(request: ChatRequest) -> str:
     """Stable hash of what decides the answer (not the model id, not the thinking flag)."""
     payload = {
@@ -201,26 +124,14 @@ def request_digest(request: ChatRequest) -> str:
             [m.role, m.content, m.tool_call_id, m.sender_name, _calls_as_lists(m.tool_calls)]
             for m in request.messages
         ],
-        "tools": sorted(_offered_tools(request)),
+        "tools": sorted(offered_tools(request)),
     }
     encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False).encode("utf-8")
     return hashlib.sha256(encoded).hexdigest()
 
 
-def tool_call_id(request: ChatRequest) -> str:
-    return f"call_demo_{request_digest(request)[:8]}"
-
-
 def _calls_as_lists(calls: list[ToolCall] | None) -> list[list[str]] | None:
     return None if calls is None else [[c.id, c.name, c.arguments] for c in calls]
-
-
-def _input_tokens(request: ChatRequest) -> int:
-    chars = len(request.system_prompt)
-    for message in request.messages:
-        chars += len(message.content)
-        chars += sum(len(c.name) + len(c.arguments) for c in message.tool_calls or [])
-    return chars // 4
 
 
 # --- planning: which reply for which request ------------------------------------------------
@@ -232,17 +143,17 @@ def plan_reply(request: ChatRequest) -> DemoReply:
     turn = _Turn(
         request=request,
         rng=random.Random(int(digest[:16], 16)),
-        offered=_offered_tools(request),
+        offered=offered_tools(request),
     )
     last = request.messages[-1] if request.messages else None
-    sub_agent = SUB_AGENT_MARKER in request.system_prompt.lower()
+    sub_agent = SUB_AGENT_PROMPT in request.system_prompt
     if last is not None and last.role == Role.TOOL:
         reply = _reply_to_tool_result(turn, last)
         if reply is not None:
             return _as_sub_agent_report(reply) if sub_agent else reply
         # After a compaction the context ends on the summary: carry on with the user's request.
     text = _last_user_text(request.messages)
-    if SUMMARY_MARKER in text.lower():
+    if text.startswith(SUMMARY_INSTRUCTIONS):
         return _summary_reply(text)
     if sub_agent:
         return _sub_agent_reply(turn, text)
@@ -256,7 +167,7 @@ def plan_reply(request: ChatRequest) -> DemoReply:
     return _default_reply(turn, text)
 
 
-def _offered_tools(request: ChatRequest) -> dict[str, dict[str, Any]]:
+def offered_tools(request: ChatRequest) -> dict[str, dict[str, Any]]:
     offered: dict[str, dict[str, Any]] = {}
     for spec in request.tools:
         function = spec.get("function", spec)  # accept both OpenAI and flat specs
@@ -266,7 +177,7 @@ def _offered_tools(request: ChatRequest) -> dict[str, dict[str, Any]]:
 
 
 # Messages queued while the agent was busy arrive marked; the mark is not content.
-_APPENDED_MARK = re.compile(r"^\[User appended\][ \t]*", re.M)
+_APPENDED_MARK = re.compile(rf"^{re.escape(USER_APPENDED_PREFIX.strip())}[ \t]*", re.M)
 
 
 def _last_user_text(messages: list[ChatMessage]) -> str:
@@ -277,15 +188,6 @@ def _last_user_text(messages: list[ChatMessage]) -> str:
                 content = strip_agent_xml_tag(message.sender_name, content)
             return _APPENDED_MARK.sub("", content).strip()
     return ""
-
-
-def _quote(text: str, limit: int = 60) -> str:
-    """A short single-line excerpt of the user's text, cut at a word boundary."""
-    flat = " ".join(text.split())
-    if len(flat) <= limit:
-        return flat
-    cut = flat[:limit].rsplit(" ", 1)[0] or flat[:limit]
-    return cut + "…"
 
 
 def _has_word(pattern: str, text: str) -> bool:
@@ -428,26 +330,12 @@ def _file_request(verb: str, text: str) -> tuple[bool, str | None]:
     return True, name
 
 
-def _draft_document(path: str, user_text: str) -> str:
-    stem = re.sub(r"[-_]+", " ", path.rsplit("/", 1)[-1].split(".")[0]).strip() or "Notes"
-    return (
-        f"# {stem.title()}\n\n"
-        f"{DRAFT_MARKER}\n\n"
-        "Written by the Lyceum offline demo model.\n\n"
-        "## What you asked\n\n"
-        f"> {_quote(user_text, 120)}\n\n"
-        "## Next steps\n\n"
-        "- Read this file back.\n"
-        "- Edit it to mark it final.\n"
-    )
-
-
 def _rule_write_file(turn: _Turn, text: str) -> DemoReply | None:
     asked, name = _file_request("write", text)
     if not asked:
         return None
     path = name or DEFAULT_FILE
-    arguments = {"path": path, "content": _draft_document(path, text)}
+    arguments = {"path": path, "content": draft_document(path, text)}
     return _call_tool(
         turn, "write_file", arguments, purpose=f"write {path}", asked=f"write the file {path}"
     )
@@ -493,7 +381,7 @@ def _rule_delegate(turn: _Turn, text: str) -> DemoReply | None:
         "delegate",
         {"task": task, "label": label},
         purpose="hand the task to a sub-agent",
-        asked=f"delegate “{_quote(task)}”",
+        asked=f"delegate “{quote(task)}”",
     )
 
 
@@ -502,10 +390,10 @@ def _rule_code(turn: _Turn, text: str) -> DemoReply | None:
         return None
     return DemoReply(
         reasoning=(
-            f"The user asked for code: “{_quote(text)}”. I will show a short Python "
+            f"The user asked for code: “{quote(text)}”. I will show a short Python "
             "function and a shell command that runs it, with a sentence on each."
         ),
-        text=_code_answer(text),
+        text=code_answer(text),
     )
 
 
@@ -517,7 +405,7 @@ def _rule_long(turn: _Turn, text: str) -> DemoReply | None:
             "The user asked for a long answer. I will write several sections and a list "
             "so that there is time to watch it stream and to press Stop."
         ),
-        text=_long_answer(text),
+        text=long_answer(text),
     )
 
 
@@ -525,10 +413,7 @@ def _rule_fail(turn: _Turn, text: str) -> DemoReply | None:
     if re.search(r"\bfail[\s-]+mid-?way\b", text, re.I):
         return DemoReply(
             reasoning="The user asked me to fail midway. I will stream some words, then fail.",
-            text=(
-                "This reply starts normally and streams a few words so that you can see "
-                "partial text arrive before the demo model fails on purpose right about"
-            ),
+            text=FAIL_MIDWAY_TEXT,
             failure=Failure.MIDWAY,
         )
     if _has_word("fail", text):
@@ -556,7 +441,7 @@ def _rule_markdown(turn: _Turn, text: str) -> DemoReply | None:
             "The user wants to see markdown. I will use headings, a table, lists, emphasis, "
             "a blockquote and inline code in one reply."
         ),
-        text=_markdown_answer(text),
+        text=markdown_answer(text),
     )
 
 
@@ -574,35 +459,23 @@ _USER_RULES: tuple[Callable[[_Turn, str], DemoReply | None], ...] = (
     _rule_markdown,
 )
 
-_SUGGESTIONS = (
-    "“calculate 12*7”",
-    "“what time is it”",
-    "“write a file”",
-    "“show me some code”",
-    "“give me a long answer”",
-    "“delegate a research task”",
-    "“show markdown”",
-    "“fail midway”",
-)
-_OPENERS = ("Thanks for your message", "Got it", "Hello", "Good to hear from you")
-
 
 def _default_reply(turn: _Turn, text: str) -> DemoReply:
-    suggestions = turn.rng.sample(_SUGGESTIONS, 3)
+    suggestions = turn.rng.sample(SUGGESTIONS, 3)
     tips = f"Try {suggestions[0]}, {suggestions[1]} or {suggestions[2]} to see what Lyceum can do."
     if not text:
         return DemoReply(
             reasoning="The user sent an empty message. I will greet them and suggest things to try.",
             text=f"Hello! I am Lyceum's offline demo model. {tips}",
         )
-    opener = turn.rng.choice(_OPENERS)
+    opener = turn.rng.choice(OPENERS)
     return DemoReply(
         reasoning=(
-            f"The user wrote “{_quote(text)}”. No demo keyword matched, so I will reply "
+            f"The user wrote “{quote(text)}”. No demo keyword matched, so I will reply "
             "briefly and suggest a few things to try."
         ),
         text=(
-            f"{opener} — you wrote “{_quote(text)}”. I am Lyceum's offline demo model, so I "
+            f"{opener} — you wrote “{quote(text)}”. I am Lyceum's offline demo model, so I "
             f"answer from a fixed script rather than real understanding. {tips}"
         ),
     )
@@ -646,15 +519,15 @@ def _reply_to_tool_result(turn: _Turn, result: ChatMessage) -> DemoReply | None:
     """The answer that uses a tool result; None after a compaction, which is no answer."""
     call = _originating_call(turn.request.messages, result.tool_call_id)
     name = call.name if call is not None else "unknown"
-    if name == COMPACT_TOOL:
+    if name == COMPACT_TOOL_NAME:
         return None
     arguments = _parsed_arguments(call)
     content = result.content.strip()
     first_line = (content.splitlines() or [""])[0]
     # The denial sentence comes first; a file that merely contains "denied" is not a denial.
-    if "denied" in first_line.lower():
+    if first_line.lower().startswith(DENIED_TEXT.lower()):
         return _denial_reply(name, content)
-    if "approval request expired" in first_line.lower():
+    if first_line.startswith(EXPIRED_TEXT):
         action = _DENIED_ACTIONS.get(name, f"run {name}")
         return DemoReply(
             reasoning=f"Nobody answered the approval request for {name}. I will say so.",
@@ -676,7 +549,9 @@ def _reply_to_tool_result(turn: _Turn, result: ChatMessage) -> DemoReply | None:
 
 def _denial_reply(tool_name: str, content: str) -> DemoReply:
     action = _DENIED_ACTIONS.get(tool_name, f"run {tool_name}")
-    reason_match = re.search(r"reason:\s*(?P<reason>.*)", content, re.I | re.S)
+    reason_match = re.search(
+        rf"{re.escape(DENIED_REASON_LABEL)}\s*(?P<reason>.*)", content, re.I | re.S
+    )
     reason = reason_match["reason"].strip() if reason_match else ""
     if reason:
         ending = "" if reason[-1] in ".!?" else "."
@@ -740,17 +615,10 @@ def _result_text(tool_name: str, arguments: dict[str, Any], content: str) -> str
     if tool_name == "delegate":
         quoted = "\n".join(f"> {line}" for line in content[:2000].splitlines())
         return f"The sub-agent finished. Here is what it reported:\n\n{quoted}"
-    return f"The `{tool_name}` tool returned: {_quote(content, 200)}"
+    return f"The `{tool_name}` tool returned: {quote(content, 200)}"
 
 
 # --- special modes: sub-agent, persona, compaction summary --------------------------------
-
-_FINDINGS = (
-    "the most useful first step is to state the question precisely",
-    "the answer depends mostly on the sources that are easiest to check",
-    "the task splits naturally into three small parts",
-    "nothing in it needs more than a careful reading",
-)
 
 
 def _sub_agent_reply(turn: _Turn, task: str) -> DemoReply:
@@ -766,13 +634,13 @@ def _sub_agent_reply(turn: _Turn, task: str) -> DemoReply:
             purpose=f"evaluate {expression}",
             asked=f"work on a task that needs {expression}",
         )
-    finding = turn.rng.choice(_FINDINGS)
+    finding = turn.rng.choice(FINDINGS)
     return DemoReply(
         reasoning=(
-            f"I am a sub-agent working on “{_quote(task)}”. I will report briefly to the lead."
+            f"I am a sub-agent working on “{quote(task)}”. I will report briefly to the lead."
         ),
         text=(
-            f"{SUB_AGENT_PREFIX} I looked into “{_quote(task)}” and found that {finding}. "
+            f"{SUB_AGENT_PREFIX} I looked into “{quote(task)}” and found that {finding}. "
             "Nothing else needs the lead's attention."
         ),
     )
@@ -790,13 +658,6 @@ _PERSONA = re.compile(
     r"(?:[\"“](?P<quoted>[^\"”]+)[\"”]"
     r"|(?P<name>(?:(?:Mr|Mrs|Ms|Mx|Dr|Prof)\.?\s+)?[^\W\d_][\w'’-]*(?:\s+[A-Z][\w'’-]*)*))"
 )
-_PERSONA_LINES = (
-    "{name} here. About “{quote}”: that is a good place to start — what do you think "
-    "the first step is?",
-    "As {name}, I would take “{quote}” one piece at a time. How did you get there?",
-    "I like that question: “{quote}”. Let's compare our ideas before we decide — I'm {name}, "
-    "by the way.",
-)
 
 
 def _persona_name(system_prompt: str) -> str | None:
@@ -807,13 +668,13 @@ def _persona_name(system_prompt: str) -> str | None:
 
 
 def _persona_reply(turn: _Turn, name: str, text: str) -> DemoReply:
-    line = turn.rng.choice(_PERSONA_LINES)
+    line = turn.rng.choice(PERSONA_LINES)
     return DemoReply(
         reasoning=(
-            f"I am speaking as {name}. The student said “{_quote(text)}”; "
+            f"I am speaking as {name}. The student said “{quote(text)}”; "
             "I will answer in character in a sentence or two."
         ),
-        text=line.format(name=name, quote=_quote(text or "…")),
+        text=line.format(name=name, quote=quote(text or "…")),
     )
 
 
@@ -847,8 +708,8 @@ def _summary_reply(prompt: str) -> DemoReply:
     users = _transcript_user_messages(prompt)
     count = len(re.findall(r'"role"\s*:', prompt))
     if users:
-        primary = "; then ".join(f"“{_quote(u, 160)}”" for u in users[:3])
-        current = f"“{_quote(users[-1], 160)}”"
+        primary = "; then ".join(f"“{quote(u, 160)}”" for u in users[:3])
+        current = f"“{quote(users[-1], 160)}”"
     else:
         primary = current = "(no user message found in the transcript)"
     return DemoReply(
@@ -867,170 +728,3 @@ def _summary_reply(prompt: str) -> DemoReply:
             f"Messages summarised: {count}."
         ),
     )
-
-
-# --- fixed texts ----------------------------------------------------------------------------
-
-
-def _code_answer(text: str) -> str:
-    return (
-        f"Here is a small example for “{_quote(text)}”. The Python function counts the most "
-        "common words in a text:\n\n"
-        "```python\n"
-        "from collections import Counter\n"
-        "\n"
-        "\n"
-        "def top_words(text: str, limit: int = 3) -> list[tuple[str, int]]:\n"
-        '    """Return the most common words in ``text``, most frequent first."""\n'
-        '    words = [word.strip(".,!?").lower() for word in text.split()]\n'
-        "    counts = Counter(word for word in words if word)\n"
-        "    return counts.most_common(limit)\n"
-        "\n"
-        "\n"
-        'if __name__ == "__main__":\n'
-        '    print(top_words("the cat and the hat and the bat"))\n'
-        "```\n\n"
-        "Save it as `top_words.py`, then run it from a shell:\n\n"
-        "```bash\n"
-        "python3 top_words.py\n"
-        "# [('the', 3), ('and', 2), ('cat', 1)]\n"
-        "```\n\n"
-        "`Counter.most_common` does the sorting, so the function stays short; ties keep the "
-        "order in which the words first appeared."
-    )
-
-
-def _long_answer(text: str) -> str:
-    return (
-        f"You asked for something long, so here is a longer answer about “{_quote(text)}”. "
-        "It exists mainly so you can watch a reply stream in word by word and press Stop "
-        "halfway through. Everything below is written by the offline demo model from a fixed "
-        "script, which means the same request always produces the same words in the same "
-        "order. That makes it useful for checking how the interface behaves when an answer "
-        "runs for a while: whether the page keeps up, whether the scroll position follows the "
-        "newest text, and whether stopping keeps the part that already arrived.\n\n"
-        "## How streaming works\n\n"
-        "A language model does not write a whole answer at once. It produces one small piece "
-        "of text at a time, and the server forwards each piece to your browser as soon as it "
-        "exists. Lyceum groups these pieces into a few updates per second so the page stays "
-        "smooth even when the model is fast. The demo model imitates this by pausing briefly "
-        "between words. The pause is configurable, and a second model called demo-fast skips "
-        "it entirely, which is handy in automated tests that only care about the final text.\n\n"
-        "## What happens when you press Stop\n\n"
-        "Stopping a reply is a request to the server, not just a change on the page. The "
-        "server cancels the running task, closes the connection to the model provider, and "
-        "records the reply as cancelled together with the text it had produced so far. "
-        "Nothing is thrown away: if you reload the page, the partial answer is still there, "
-        "marked as stopped. A reply ends in exactly one state, so a stopped reply can never "
-        "also appear as completed or failed.\n\n"
-        "## Things worth trying\n\n"
-        "- Ask me to calculate 12*7 and watch a tool call appear.\n"
-        "- Ask me to write a file, then approve or deny the request.\n"
-        "- Ask me to delegate a task and see a sub-agent report back.\n"
-        "- Ask for code to get two fenced blocks you can copy or download.\n"
-        "- Ask for markdown to see tables, quotes and lists rendered.\n"
-        "- Say fail midway to watch an error arrive after some text.\n"
-        "- Close the tab during a long answer and open it again later.\n\n"
-        "## Why a scripted model helps\n\n"
-        "Real models are wonderful but unpredictable, and they need a network connection, an "
-        "account and usually money. A scripted model needs none of that. It lets a teacher "
-        "explore the classroom features before any provider is configured, lets a developer "
-        "reproduce a bug with the exact same reply every time, and lets the test suite "
-        "exercise every path through the agent loop in a fraction of a second. When a real "
-        "provider is connected later, nothing else changes: both speak the same interface, so "
-        "the rest of the application cannot tell them apart.\n\n"
-        "## Under the hood\n\n"
-        "Each answer from the demo model is planned before the first word is sent. The plan "
-        "is chosen from the last message in the conversation: a tool result gets a reply that "
-        "uses it, and a user message is checked against a short list of keywords such as "
-        "calculate, time, write file, delegate, code, long and markdown. Anything else gets a "
-        "friendly default reply. A hash of the request seeds the few choices the model makes, "
-        "such as which suggestions to offer, so variety never costs reproducibility. Then the "
-        "text is cut into words and sent one small chunk at a time.\n\n"
-        "## Reading long answers\n\n"
-        "Long answers are easier to read when they are broken into sections with short "
-        "headings, when lists are used for steps or options, and when the most important "
-        "sentence comes first in each paragraph. The same advice applies to your own writing. "
-        "If you are preparing notes for a class, try putting the question you want to answer "
-        "at the top, then the answer in one sentence, and only then the details and examples "
-        "that support it. Readers who only skim still leave with the main idea.\n\n"
-        "## A short story to pass the hours\n\n"
-        "Once there was a lighthouse keeper who wrote one sentence in a notebook every "
-        "evening. Most sentences were about the weather; a few were about passing ships; one, "
-        "after a long storm, was simply the word enough. Years later a visitor read the "
-        "notebook from start to finish in a single afternoon and said it was the best book "
-        "she had ever read, because every line had been written by someone who was paying "
-        "attention. Good answers, long or short, have that quality.\n\n"
-        "## Wrapping up\n\n"
-        "That is the end of the long answer. If you pressed Stop before reaching this line, "
-        "the part you saw is exactly what the server kept. If you read all of it, thank you "
-        "for your patience: ask me something else, or try one of the suggestions above to "
-        "explore another part of Lyceum."
-    )
-
-
-def _markdown_answer(text: str) -> str:
-    return (
-        "# Markdown sampler\n\n"
-        f"You asked: *{_quote(text)}*. Here is a bit of **everything** the renderer "
-        "should handle.\n\n"
-        "## A table\n\n"
-        "| tool | asks for approval | example |\n"
-        "| --- | :---: | --- |\n"
-        "| `calculator` | no | `calculate 12*7` |\n"
-        "| `write_file` | yes | `write file notes.md` |\n"
-        "| `delegate` | no | `delegate a research task` |\n\n"
-        "## Lists\n\n"
-        "- **Bold** for what matters\n"
-        "- *Italic* for a gentle stress\n"
-        "- ***Both*** when you really mean it\n\n"
-        "1. First, read the question.\n"
-        "2. Then, answer it in one sentence.\n"
-        "3. Finally, give an example.\n\n"
-        "### A quotation\n\n"
-        "> The best way to learn is to explain.\n"
-        "> — a teacher, probably\n\n"
-        "Inline code looks like `print('hello')`, and a [safe link](https://example.org) "
-        "looks like this.\n\n"
-        "---\n\n"
-        "That is the end of the sampler."
-    )
-
-
-XSS_CORPUS = (
-    "Here is an XSS test corpus. Every line below must show up as harmless text or be "
-    "removed; none of it may run.\n\n"
-    "<script>alert(1)</script>\n\n"
-    "<img src=x onerror=alert(1)>\n\n"
-    "[click](javascript:alert(1))\n\n"
-    "[mixed case](JaVaScRiPt:alert(1))\n\n"
-    "[entity](&#106;avascript:alert(1))\n\n"
-    "[data url](data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==)\n\n"
-    "[vbscript](vbscript:msgbox(1))\n\n"
-    "<svg onload=alert(1)>\n\n"
-    '<iframe src="javascript:alert(1)"></iframe>\n\n'
-    "![tracker](http://example.invalid/pixel.png)\n\n"
-    '<a href="#" onclick="alert(1)">x</a>\n\n'
-    '<a href="  javascript:alert(1)">spaced</a>\n\n'
-    "<style>body { display: none; }</style>\n\n"
-    '[hover me](https://example.invalid "title" onmouseover="alert(1)")\n\n'
-    '[title event](https://example.invalid "\\" onmouseover=\\"alert(1)")\n\n'
-    "<javascript:alert(1)>\n\n"
-    "[ref link][evil]\n\n"
-    "[evil]: javascript:alert(1)\n\n"
-    '<details open ontoggle="alert(1)"><summary>details</summary></details>\n\n'
-    "<input autofocus onfocus=alert(1)>\n\n"
-    '<form action="javascript:alert(1)"><button>submit</button></form>\n\n'
-    '<object data="javascript:alert(1)"></object>\n\n'
-    '<embed src="javascript:alert(1)">\n\n'
-    '<meta http-equiv="refresh" content="0;url=javascript:alert(1)">\n\n'
-    '<base href="javascript:alert(1)//">\n\n'
-    '<link rel="stylesheet" href="http://example.invalid/evil.css">\n\n'
-    '<div style="background:url(javascript:alert(1))">styled div</div>\n\n'
-    "<math><mtext><table><mglyph><style><img src=x onerror=alert(1)>\n\n"
-    '<noscript><p title="</noscript><img src=x onerror=alert(1)>">\n\n'
-    "<textarea><script>alert(1)</script></textarea>\n\n"
-    "Inline code stays text: `<script>alert(1)</script>`\n\n"
-    "```html\n<script>alert('in a code block')</script>\n```\n\n"
-    "End of the corpus."
-)
