@@ -219,3 +219,25 @@ def default_agent() -> Agent:
             },
         )
     return agent
+
+
+PANEL_SLUG = "panel"
+PANEL_PERSONAS = ["Ada", "Basil"]
+PANEL_PROMPT = (
+    "You are a panel of two tutors who answer together. Ada is precise and likes to "
+    "check each step; Basil is curious and asks a question back. Answer as one or both."
+)
+
+
+def ensure_panel_agent() -> Agent:
+    """An agent that speaks with two voices (Ada and Basil): multi-speaker replies to try."""
+    agent, _ = Agent.objects.get_or_create(
+        slug=PANEL_SLUG,
+        defaults={
+            "name": "Panel (Ada and Basil)",
+            "system_prompt": PANEL_PROMPT,
+            "tools": [],
+            "personas": PANEL_PERSONAS,
+        },
+    )
+    return agent

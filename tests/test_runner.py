@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from django.db import connections
+from django.db import connections, transaction
 from django.http import Http404
 from django.utils import timezone
 from hypothesis import HealthCheck, given
@@ -674,6 +674,67 @@ async def test_cancelling_a_waiting_run_ends_it_and_its_approvals(alice, agent, 
     assert not workspace_file(runtime, chat, "notes.md").exists()
     await adb(check_chat)(chat)
     await adb(assert_nothing_live)()
+    # The log says the approval was closed, so a reloaded page shows no Approve or Deny.
+    events = await adb(display)(chat)
+    decided = events_of(events, run_id, "approval_decided")
+    assert [(d["call_id"], d["decision"]) for d in decided] == [(approval.call_id, "denied")]
+    html = await adb(page_html)(chat, events)
+    assert "Approve" not in html and "Deny" not in html
+    assert "Denied" in html
+
+
+def page_html(chat, events) -> str:
+    from chat.presentation import display as presentation
+
+    return presentation.render_items(chat.pk, presentation.build_items(events))
+
+
+@pytest.mark.parametrize(
+    ("status", "call_status"),
+    [
+        (Run.Status.CANCELLED, "cancelled"),
+        (Run.Status.FAILED, "failed"),
+        (Run.Status.INTERRUPTED, "failed"),
+    ],
+)
+async def test_a_tool_call_open_when_the_run_ends_is_ended_with_it(
+    alice, agent, runtime, status, call_status
+):
+    """A run that stops while a tool runs leaves no card "running" forever."""
+    from chat.agent import events as ev
+    from chat.llm.types import Usage
+
+    chat = await new_chat(alice)
+
+    def run_with_open_call() -> Run:
+        run = Run.objects.create(chat=chat, model="demo-fast", claimed=True)
+        with transaction.atomic():
+            store.append_display(
+                chat.pk,
+                [
+                    run_host.stamp(ev.ToolStart(call_id="c1", name="calculator", input={}), run),
+                    run_host.stamp(ev.ToolStart(call_id="c2", name="calculator", input={}), run),
+                    run_host.stamp(
+                        ev.ToolEnd(call_id="c2", name="calculator", output="4", status="done"),
+                        run,
+                    ),
+                ],
+            )
+        return run
+
+    run = await adb(run_with_open_call)()
+    host = run_host.DjangoRunHost(run, [])
+    end = (
+        ev.Cancelled(partial_text="")
+        if status == Run.Status.CANCELLED
+        else ev.Error(category="provider_error", message="gone")
+    )
+    assert await adb(transitions.finish_run)(host, status, end, [], Usage())
+    events = await adb(display)(chat)
+    ends = events_of(events, run.pk, "tool_end")
+    assert [(e["call_id"], e["status"]) for e in ends] == [("c2", "done"), ("c1", call_status)]
+    html = await adb(page_html)(chat, events)
+    assert "running" not in html
 
 
 async def test_each_approval_is_bound_to_its_own_call(alice, agent, runtime, fake_model):

@@ -65,6 +65,7 @@ from chat.core.prompts import (
     SUB_AGENT_PROMPT,
     USER_APPENDED_PREFIX,
 )
+from chat.core.voices import cast_from_prompt
 from chat.llm.demo.texts import (
     DEFAULT_DELEGATE_TASK,
     DEFAULT_FILE,
@@ -157,6 +158,9 @@ def plan_reply(request: ChatRequest) -> DemoReply:
         return _summary_reply(text)
     if sub_agent:
         return _sub_agent_reply(turn, text)
+    cast = cast_from_prompt(request.system_prompt)
+    if cast:
+        return _cast_reply(turn, cast, text)
     persona = _persona_name(request.system_prompt)
     if persona:
         return _persona_reply(turn, persona, text)
@@ -675,6 +679,38 @@ def _persona_reply(turn: _Turn, name: str, text: str) -> DemoReply:
             "I will answer in character in a sentence or two."
         ),
         text=line.format(name=name, quote=quote(text or "…")),
+    )
+
+
+# --- a cast: several speakers in one reply ---------------------------------------------------
+
+_VOICE_COUNT = {"panel": 2, "two voices": 2, "both": 2, "three voices": 3, "everyone": 3}
+
+
+def _voices_wanted(text: str) -> int:
+    lowered = text.lower()
+    return max((n for word, n in _VOICE_COUNT.items() if word in lowered), default=1)
+
+
+def _cast_reply(turn: _Turn, cast: list[str], text: str) -> DemoReply:
+    """Speak as the cast, each reply in its speaker's tag (chat.core.voices).
+
+    "panel" or "two voices" brings two speakers, "three voices" or "everyone" three,
+    anything else the first; "untagged" answers without tags (the fallback path).
+    """
+    if "untagged" in text.lower():
+        return DemoReply(
+            reasoning="The user asked for an answer without speaker tags.",
+            text=f"No tags here: this whole answer goes to {cast[0]}. You wrote “{quote(text)}”.",
+        )
+    speakers = cast[: _voices_wanted(text)]
+    lines = [
+        f"<{name}>{PERSONA_LINES[index % len(PERSONA_LINES)].format(name=name, quote=quote(text or '…'))}</{name}>"
+        for index, name in enumerate(speakers)
+    ]
+    return DemoReply(
+        reasoning=f"I will answer as {', '.join(speakers)}, one tagged reply each.",
+        text="\n".join(lines),
     )
 
 

@@ -12,6 +12,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 
 from chat.management.commands.load_sample_chat import load_sample_chat
+from chat.catalog import ensure_panel_agent
 from chat.models import ChatSession
 from chat.roles import TEACHERS_GROUP
 from chat.sample import SAMPLE_TITLE
@@ -64,6 +65,7 @@ class Command(BaseCommand):
                 and not ChatSession.objects.filter(owner=user, title=SAMPLE_TITLE).exists()
             ):
                 load_sample_chat(user)
+        ensure_panel_agent()
         names = ", ".join(name for name, _ in DEMO_USERS)
         self.stdout.write(f"Demo accounts: {names}")
         self.stdout.write(f"Demo password ({source}): {password}")
