@@ -11,8 +11,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError
 
-from chat.management.commands.load_sample_chat import load_sample_chat
 from chat.catalog import ensure_panel_agent
+from chat.management.commands.load_sample_chat import load_sample_chat
 from chat.models import ChatSession
 from chat.roles import TEACHERS_GROUP
 from chat.sample import SAMPLE_TITLE
