@@ -62,6 +62,10 @@ class LeanInMemoryChannelLayer(InMemoryChannelLayer):
 class PipelinedPubSubChannelLayer(RedisPubSubChannelLayer):
     """channels_redis's pub/sub layer, sending the publishes of one moment in one round trip.
 
+    It relies on private parts of ``channels_redis.pubsub`` (``_layers``, ``_shards``,
+    ``_lock``, ``_ensure_redis``, ``_redis``), so pyproject.toml pins channels-redis
+    exactly; check this class before moving the pin.
+
     Its publishes go one at a time, each waiting for Redis's answer, and each answer
     waits for the event loop to come round. A worker streaming a hundred replies
     publishes a thousand snapshots a second: while a burst of replies started, a
