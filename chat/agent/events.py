@@ -9,11 +9,11 @@ of the display channel. Every run ends with exactly one terminal event:
 | --- | --- |
 | ``run_start`` | model |
 | ``iteration_start`` | iteration, max_iterations |
-| ``delta`` | text |
+| ``delta`` | text, speaker (a voice's name, in a run with several) |
 | ``thinking_delta`` | text |
 | ``retrying`` | attempt, max_attempts, delay, category, message |
 | ``tool_start`` | call_id, name, input |
-| ``tool_end`` | call_id, name, output, status (done / failed / denied) |
+| ``tool_end`` | call_id, name, output, status (done / failed / denied / cancelled) |
 | ``approval_required`` | call_id, name, input, expires_at |
 | ``approval_decided`` | call_id, name, decision (approved / denied / expired), reason |
 | ``hand_start`` | name, label, params |
@@ -71,6 +71,7 @@ class Delta(RunEvent):
     type: ClassVar[str] = "delta"
     persisted: ClassVar[bool] = False
     text: str
+    speaker: str = ""  # in a run with several voices: whose reply the text belongs to
 
 
 @dataclass(kw_only=True)

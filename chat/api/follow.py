@@ -18,6 +18,7 @@ from channels.db import database_sync_to_async
 
 from chat import store
 from chat.agent.events import TERMINAL_TYPES
+from chat.core.voices import Voices, VoiceSplitter
 from chat.live.doorbell import chat_group
 from chat.live.layers import live_layer
 from chat.store import StoredEvent
@@ -38,8 +39,8 @@ class RunFollower:
     last_seq: int
     input_seq: int | None = None
     run_id: str | None = None
-    # Per stream round: (text, reasoning) already sent as deltas.
-    sent: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # Per (stream round, voice): (text, reasoning) already sent as deltas.
+    sent: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
     flushed_round: int = -1
     done: bool = False
 
@@ -74,30 +75,59 @@ class RunFollower:
         round_ = int(message.get("round", 0))
         if round_ <= self.flushed_round:
             return []  # a late snapshot of a reply already written
-        return self._deltas(round_, message.get("text") or "", message.get("reasoning") or "")
+        text, reasoning = message.get("text") or "", message.get("reasoning") or ""
+        voices = Voices.from_names(message.get("speakers"))
+        if voices is None:
+            return self._deltas((round_, -1), text, reasoning)
+        splitter = VoiceSplitter(voices)
+        splitter.feed(text)
+        out = self._deltas((round_, -1), "", reasoning)
+        for index, (speaker, said) in enumerate(splitter.replies()):
+            out += self._deltas((round_, index), said, "", speaker=speaker)
+        return out
 
     def _flush_message(self, event: StoredEvent) -> list[dict[str, Any]]:
         payload = event.payload
         extra = payload.get("extra") or {}
+        voice = extra.get("voice")
         if (
             payload.get("role") != "assistant"
-            or payload.get("sender_name")
+            or (payload.get("sender_name") and voice is None)  # a sub-agent's message
             or extra.get("run_id") != self.run_id
         ):
             return []
         round_ = int(extra.get("round", 0))
-        out = self._deltas(
-            round_, payload.get("content") or "", payload.get("reasoning_content") or ""
-        )
-        self.sent.pop(round_, None)
+        reasoning = payload.get("reasoning_content") or ""
+        if voice is None:
+            out = self._deltas((round_, -1), payload.get("content") or "", reasoning)
+        else:
+            out = self._deltas((round_, -1), "", reasoning) if reasoning else []
+            out += self._deltas(
+                (round_, int(voice)),
+                payload.get("content") or "",
+                "",
+                speaker=payload["sender_name"],
+            )
         self.flushed_round = max(self.flushed_round, round_)
         return out
 
-    def _deltas(self, round_: int, text: str, reasoning: str) -> list[dict[str, Any]]:
-        """What of ``text``/``reasoning`` (the reply of ``round_`` so far) was not sent yet."""
-        sent_text, sent_reasoning = self.sent.get(round_, ("", ""))
+    def _deltas(
+        self, key: tuple[int, int], text: str, reasoning: str, *, speaker: str = ""
+    ) -> list[dict[str, Any]]:
+        """What of ``text``/``reasoning`` (one reply so far) was not sent yet.
+
+        ``key`` is (round, voice): one reply of the main agent has voice -1; a run with
+        several speakers has one reply per voice, and its deltas name their speaker.
+        """
+        sent_text, sent_reasoning = self.sent.get(key, ("", ""))
         out = []
-        common = {"chat_id": self.chat_id, "run_id": self.run_id, "seq": self.last_seq}
+        common: dict[str, Any] = {
+            "chat_id": self.chat_id,
+            "run_id": self.run_id,
+            "seq": self.last_seq,
+        }
+        if speaker:
+            common["speaker"] = speaker
         if reasoning.startswith(sent_reasoning) and len(reasoning) > len(sent_reasoning):
             out.append(
                 {"type": "thinking_delta", **common, "text": reasoning[len(sent_reasoning) :]}
@@ -106,7 +136,7 @@ class RunFollower:
         if text.startswith(sent_text) and len(text) > len(sent_text):
             out.append({"type": "delta", **common, "text": text[len(sent_text) :]})
             sent_text = text
-        self.sent[round_] = (sent_text, sent_reasoning)
+        self.sent[key] = (sent_text, sent_reasoning)
         return out
 
 

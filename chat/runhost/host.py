@@ -251,6 +251,7 @@ class DjangoRunHost:
                 "chat_id": str(self.chat_id),
                 "run_id": run_id,
                 "round": self.round,
+                "speakers": self.run.speakers or [],
                 "text": text,
                 "reasoning": reasoning,
                 "html": html,
