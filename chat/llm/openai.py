@@ -72,6 +72,7 @@ MAX_ERROR_BODY = 64 * 1024  # enough for any error JSON; more is a misbehaving s
 MAX_JSON_BODY = 32 * 1024 * 1024
 DRAIN_TIMEOUT = 0.25  # after [DONE], how long to wait for the end of the HTTP body
 MAX_DRAIN_BYTES = 64 * 1024
+TRANSPORTS = frozenset({"asyncio", "stock"})  # the client's network layer, see _client()
 
 
 # --- wire format ------------------------------------------------------------------------
@@ -250,7 +251,10 @@ class OpenAIProvider:
         user_agent: str = "Lyceum/0.1",
         rng: RandomSource | None = None,
         read_interval: float = 0.0,
+        transport: str = "asyncio",
     ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, not {transport!r}")
         self.name = name
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key.strip()
@@ -259,6 +263,7 @@ class OpenAIProvider:
         self.idle_timeout = idle_timeout
         self.complete_timeout = complete_timeout  # a whole non-streamed reply
         self.read_interval = read_interval
+        self.transport = transport  # "asyncio" (netbackend.py) or "stock" (httpx's own)
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
@@ -496,7 +501,7 @@ class OpenAIProvider:
         loop = asyncio.get_running_loop()
         owner = self._own_loop() if self._own_loop is not None else None
         if self._own_client is None or self._own_client.is_closed or owner is not loop:
-            if environment_proxy_for(self.base_url):
+            if self.transport == "stock" or environment_proxy_for(self.base_url):
                 # httpx ignores HTTP(S)_PROXY when given a transport: keep its own.
                 self._own_client = httpx.AsyncClient(
                     timeout=self._timeout, follow_redirects=False, verify=_shared_ssl_context()
