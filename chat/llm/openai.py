@@ -44,8 +44,6 @@ from typing import Any, TypeVar
 
 import httpx
 
-from chat.core.eventlog import sanitize
-from chat.core.messages import ChatMessage, Role
 from chat.llm.netbackend import AsyncioTransport, environment_proxy_for
 from chat.llm.retry import (
     RandomSource,
@@ -54,7 +52,7 @@ from chat.llm.retry import (
     is_retryable,
     retry_delay,
 )
-from chat.llm.sse import ChunkDecoder, SSEDecoder, StreamAccumulator
+from chat.llm.sse import SSEDecoder
 from chat.llm.types import (
     ChatRequest,
     ErrorCategory,
@@ -64,6 +62,7 @@ from chat.llm.types import (
     StreamChunk,
     StreamEnd,
 )
+from chat.llm.wire import ChunkDecoder, StreamAccumulator, build_payload, completion_to_chunk
 
 T = TypeVar("T")
 
@@ -73,108 +72,6 @@ MAX_JSON_BODY = 32 * 1024 * 1024
 DRAIN_TIMEOUT = 0.25  # after [DONE], how long to wait for the end of the HTTP body
 MAX_DRAIN_BYTES = 64 * 1024
 TRANSPORTS = frozenset({"asyncio", "stock"})  # the client's network layer, see _client()
-
-
-# --- wire format ------------------------------------------------------------------------
-
-
-def to_openai_messages(system_prompt: str, messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Our messages → OpenAI chat messages, after dropping orphan tool calls/results."""
-    wire: list[dict[str, Any]] = []
-    if system_prompt.strip():
-        wire.append({"role": "system", "content": system_prompt})
-    for message in sanitize(messages):
-        converted = _to_openai_message(message)
-        if converted is not None:
-            wire.append(converted)
-    return wire
-
-
-def _to_openai_message(message: ChatMessage) -> dict[str, Any] | None:
-    if message.role == Role.USER:
-        return {"role": "user", "content": _user_content(message)}
-    if message.role == Role.ASSISTANT:
-        return _assistant_message(message)
-    if message.role == Role.TOOL:
-        if not message.tool_call_id:
-            return None
-        return {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
-    return {"role": "system", "content": message.content}
-
-
-def _user_content(message: ChatMessage) -> str | list[dict[str, Any]]:
-    if not message.images:
-        return message.content
-    parts: list[dict[str, Any]] = []
-    if message.content:
-        parts.append({"type": "text", "text": message.content})
-    for image in message.images:
-        url = f"data:{image.media_type};base64,{image.base64}"
-        parts.append({"type": "image_url", "image_url": {"url": url}})
-    return parts
-
-
-def _assistant_message(message: ChatMessage) -> dict[str, Any]:
-    wire: dict[str, Any] = {"role": "assistant"}
-    if message.content:
-        wire["content"] = message.content
-    if message.tool_calls:
-        wire["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                # Some servers reject "" as arguments; "{}" means the same: no arguments.
-                "function": {"name": call.name, "arguments": call.arguments or "{}"},
-            }
-            for call in message.tool_calls
-        ]
-    elif "content" not in wire:
-        wire["content"] = ""  # OpenAI requires content when there are no tool calls
-    if message.reasoning_content:
-        # DeepSeek-style thinking APIs want the reasoning back within a tool-call turn.
-        wire["reasoning_content"] = message.reasoning_content
-    return wire
-
-
-def build_payload(request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "model": request.model,
-        "messages": to_openai_messages(request.system_prompt, request.messages),
-        "stream": stream,
-    }
-    if stream:
-        payload["stream_options"] = {"include_usage": True}
-    if request.tools:
-        payload["tools"] = request.tools
-    if request.max_tokens is not None:
-        payload["max_tokens"] = request.max_tokens
-    if request.temperature is not None:
-        payload["temperature"] = request.temperature
-    return payload
-
-
-def completion_to_chunk(data: dict[str, Any]) -> dict[str, Any]:
-    """A non-streamed ``chat.completion`` as one equivalent streamed chunk."""
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ProviderError(
-            ErrorCategory.MALFORMED_STREAM, "The model provider's reply had no choices."
-        )
-    choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    delta = dict(message)
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        # A complete message has no "index"; position is the index.
-        delta["tool_calls"] = [
-            {**call, "index": position}
-            for position, call in enumerate(calls)
-            if isinstance(call, dict)
-        ]
-    return {
-        "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
-        "usage": data.get("usage"),
-    }
 
 
 def scrub_secret(text: str, secret: str, min_run: int = 8) -> str:
