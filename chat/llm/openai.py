@@ -178,10 +178,18 @@ class OpenAIProvider:
         return f"OpenAIProvider(name={self.name!r}, base_url={self.base_url!r})"
 
     async def aclose(self) -> None:
-        """Close the client this provider created (a client passed in is the caller's)."""
-        if self._own_client is not None:
-            await self._own_client.aclose()
-            self._own_client = None
+        """Close the client this provider created (a client passed in is the caller's).
+
+        The provider stays usable: the next request builds a new client. A client built
+        in another event loop cannot be closed from this one; it is only dropped.
+        """
+        client, self._own_client = self._own_client, None
+        owner = self._own_loop() if self._own_loop is not None else None
+        self._own_loop = None
+        if client is None or client.is_closed:
+            return
+        if owner is asyncio.get_running_loop():
+            await client.aclose()
 
     # --- public API -------------------------------------------------------------------
 
@@ -392,7 +400,12 @@ class OpenAIProvider:
         return headers
 
     def _client(self) -> httpx.AsyncClient:
-        """The caller's client, or one of ours per event loop (pools are loop-bound)."""
+        """The caller's client, or ours: built on first use, then kept for every request.
+
+        Its pool is bound to the event loop it was built in: when a request runs in
+        another loop (each ``asyncio.run``, each async test), the old client is dropped
+        (it cannot be closed from here) and a new one built.
+        """
         if self._given_client is not None:
             return self._given_client
         loop = asyncio.get_running_loop()
