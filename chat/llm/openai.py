@@ -1,6 +1,15 @@
 """The OpenAI-compatible provider over httpx (OpenAI, vLLM, Ollama, llama.cpp, DeepSeek, …).
 
+This module is the HTTP side: timeouts, retries, errors, the client. What goes over the
+wire (the request payload, the chunk dicts and what they mean) is ``wire.py``; the SSE
+framing is ``sse.py``.
+
 Decisions worth knowing:
+
+* One provider serves many requests: its httpx client (and connection pool) is built on
+  first use and kept; ``aclose()`` closes it, and a later request builds a new one. A
+  pool belongs to one event loop: used from another loop, the provider builds a new
+  client and drops the old one (it cannot be closed from the new loop).
 
 * Three separately configurable timeouts: ``connect_timeout`` (httpx), ``first_byte_timeout``
   (request sent → headers and the first body bytes arrived) and ``idle_timeout`` (no bytes
@@ -20,7 +29,8 @@ Decisions worth knowing:
   asyncio instead of anyio underneath httpcore): one network read per streamed token is
   the hot path, and httpcore's anyio backend made each read cost about twice what the
   socket itself costs. When the environment configures a proxy, the stock transport is
-  kept (httpx handles proxies only there).
+  kept (httpx handles proxies only there); ``transport="stock"`` asks for it anyway
+  (``bench/bench_stock_paths.py`` compares the two).
 * ``read_interval`` paces the network reads of a streamed body (``AsyncioStream.pace_reads``):
   providers send one packet per token, and reading each the moment it landed cost a
   wake-up and a trip through httpcore, h11 and the SSE decoder per token, while the page
@@ -39,7 +49,7 @@ import random
 import re
 import ssl
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
@@ -246,7 +256,7 @@ class OpenAIProvider:
 
     async def _stream_once(
         self, payload: dict[str, Any], accumulator: StreamAccumulator
-    ) -> AsyncIterator[StreamChunk]:
+    ) -> AsyncGenerator[StreamChunk, None]:
         """Yield deltas while the response is open, then close it and yield ``StreamEnd``."""
         sse = SSEDecoder()
         decoder = ChunkDecoder()
@@ -259,7 +269,7 @@ class OpenAIProvider:
                         response = await self._open(stack, "POST", "/chat/completions", payload)
                 except TimeoutError:
                     raise self._first_byte_timeout_error() from None
-                network = response.extensions.get("network_stream")
+                network: Any = response.extensions.get("network_stream")
                 if self.read_interval > 0 and hasattr(network, "pace_reads"):
                     network.pace_reads(self.read_interval)
                     stack.callback(network.pace_reads, 0.0)  # before it goes back to the pool

@@ -492,7 +492,9 @@ def completion_to_chunk(data: Any) -> dict[str, Any]:
             ErrorCategory.MALFORMED_STREAM, "The model provider's reply had no choices."
         )
     choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        message = {}
     delta = dict(message)
     calls = message.get("tool_calls")
     if isinstance(calls, list):
