@@ -537,7 +537,8 @@ class ChunkEncoder:
     (``content`` / ``reasoning_content``); a tool call goes out by ``index`` (0, 1, … in
     the order calls started, then any call never announced): its id and name when
     :class:`ToolCallStarted` arrives, its arguments with :class:`StreamEnd` (our chunks
-    carry them only there), then the
+    carry them only there). :class:`StreamEnd` also sends whatever of its text and
+    reasoning the deltas did not (all of it for a reply from ``complete()``), then the
     finish-reason chunk and, with ``include_usage``, a usage-only chunk (``choices``
     empty; ``usage`` null when the reply had none). :class:`Retrying` is not on the wire.
     The caller sends ``data: [DONE]`` after the last dict.
@@ -557,6 +558,7 @@ class ChunkEncoder:
         self.include_usage = include_usage
         self._started = False
         self._announced: list[ToolCallStarted] = []  # by wire index
+        self._sent = {"content": 0, "reasoning_content": 0}  # characters sent so far
 
     def encode(self, chunk: StreamChunk) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -564,11 +566,9 @@ class ChunkEncoder:
             self._started = True
             out.append(self._chunk({"role": "assistant", "content": ""}))
         if isinstance(chunk, TextDelta):
-            if chunk.text:
-                out.append(self._chunk({"content": chunk.text}))
+            out += self._text("content", chunk.text)
         elif isinstance(chunk, ReasoningDelta):
-            if chunk.text:
-                out.append(self._chunk({"reasoning_content": chunk.text}))
+            out += self._text("reasoning_content", chunk.text)
         elif isinstance(chunk, ToolCallStarted):
             fragment: dict[str, Any] = {"index": len(self._announced), "type": "function"}
             if chunk.id:
@@ -583,8 +583,16 @@ class ChunkEncoder:
     def encode_all(self, chunks: Iterable[StreamChunk]) -> list[dict[str, Any]]:
         return [item for chunk in chunks for item in self.encode(chunk)]
 
+    def _text(self, key: str, text: str) -> list[dict[str, Any]]:
+        if not text:
+            return []
+        self._sent[key] += len(text)
+        return [self._chunk({key: text})]
+
     def _end(self, end: StreamEnd) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+        # Text the deltas did not carry (a reply from complete(), say) goes out first.
+        out = self._text("reasoning_content", end.reasoning[self._sent["reasoning_content"] :])
+        out += self._text("content", end.text[self._sent["content"] :])
         fragments = [
             fragment
             for call, wire_index, announced in self._match_calls(end.tool_calls)

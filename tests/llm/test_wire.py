@@ -438,3 +438,14 @@ def test_a_call_announced_before_its_id_and_full_name_were_known():
     chunks: list[StreamChunk] = [ToolCallStarted(index=3, id="", name="read"), end]
     [_, back] = accumulate(ChunkEncoder("m").encode_all(chunks))
     assert back.tool_calls == end.tool_calls
+
+
+def test_a_whole_reply_relayed_as_a_stream_sends_its_text_at_the_end():
+    end = StreamEnd("stop", [ToolCall("c", "f", "{}")], Usage(2, 3), "All of it", "why")
+    deltas, back = accumulate(ChunkEncoder("m").encode_all([end]))
+    assert back == end
+    assert [type(d) for d in deltas] == [ReasoningDelta, TextDelta, ToolCallStarted]
+    # and nothing is sent twice when the deltas carried part of it
+    chunks: list[StreamChunk] = [TextDelta("All "), end]
+    _, again = accumulate(ChunkEncoder("m").encode_all(chunks))
+    assert again.text == "All of it"
