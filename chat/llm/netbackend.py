@@ -323,7 +323,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
     ) -> httpcore.AsyncNetworkStream:
         loop = asyncio.get_running_loop()
         local_addr = None if local_address is None else (local_address, 0)
-        transport: asyncio.BaseTransport | None = None
+        transport: asyncio.Transport | None = None
         try:
             async with asyncio.timeout(timeout):  # None: no limit
                 transport, protocol = await loop.create_connection(
@@ -344,7 +344,7 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
             if transport is not None:
                 transport.abort()
             raise httpcore.ConnectError(exc) from exc
-        return AsyncioStream(typing.cast(asyncio.Transport, transport), protocol)
+        return AsyncioStream(transport, protocol)
 
     async def connect_unix_socket(
         self,

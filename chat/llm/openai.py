@@ -1,6 +1,15 @@
 """The OpenAI-compatible provider over httpx (OpenAI, vLLM, Ollama, llama.cpp, DeepSeek, …).
 
+This module is the HTTP side: timeouts, retries, errors, the client. What goes over the
+wire (the request payload, the chunk dicts and what they mean) is ``wire.py``; the SSE
+framing is ``sse.py``.
+
 Decisions worth knowing:
+
+* One provider serves many requests: its httpx client (and connection pool) is built on
+  first use and kept; ``aclose()`` closes it, and a later request builds a new one. A
+  pool belongs to one event loop: used from another loop, the provider builds a new
+  client and drops the old one (it cannot be closed from the new loop).
 
 * Three separately configurable timeouts: ``connect_timeout`` (httpx), ``first_byte_timeout``
   (request sent → headers and the first body bytes arrived) and ``idle_timeout`` (no bytes
@@ -20,7 +29,8 @@ Decisions worth knowing:
   asyncio instead of anyio underneath httpcore): one network read per streamed token is
   the hot path, and httpcore's anyio backend made each read cost about twice what the
   socket itself costs. When the environment configures a proxy, the stock transport is
-  kept (httpx handles proxies only there).
+  kept (httpx handles proxies only there); ``transport="stock"`` asks for it anyway
+  (``bench/bench_stock_paths.py`` compares the two).
 * ``read_interval`` paces the network reads of a streamed body (``AsyncioStream.pace_reads``):
   providers send one packet per token, and reading each the moment it landed cost a
   wake-up and a trip through httpcore, h11 and the SSE decoder per token, while the page
@@ -39,13 +49,11 @@ import random
 import re
 import ssl
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
 
-from chat.core.eventlog import sanitize
-from chat.core.messages import ChatMessage, Role
 from chat.llm.netbackend import AsyncioTransport, environment_proxy_for
 from chat.llm.retry import (
     RandomSource,
@@ -54,7 +62,7 @@ from chat.llm.retry import (
     is_retryable,
     retry_delay,
 )
-from chat.llm.sse import ChunkDecoder, SSEDecoder, StreamAccumulator
+from chat.llm.sse import SSEDecoder
 from chat.llm.types import (
     ChatRequest,
     ErrorCategory,
@@ -64,6 +72,7 @@ from chat.llm.types import (
     StreamChunk,
     StreamEnd,
 )
+from chat.llm.wire import ChunkDecoder, StreamAccumulator, build_payload, completion_to_chunk
 
 T = TypeVar("T")
 
@@ -72,108 +81,7 @@ MAX_ERROR_BODY = 64 * 1024  # enough for any error JSON; more is a misbehaving s
 MAX_JSON_BODY = 32 * 1024 * 1024
 DRAIN_TIMEOUT = 0.25  # after [DONE], how long to wait for the end of the HTTP body
 MAX_DRAIN_BYTES = 64 * 1024
-
-
-# --- wire format ------------------------------------------------------------------------
-
-
-def to_openai_messages(system_prompt: str, messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Our messages → OpenAI chat messages, after dropping orphan tool calls/results."""
-    wire: list[dict[str, Any]] = []
-    if system_prompt.strip():
-        wire.append({"role": "system", "content": system_prompt})
-    for message in sanitize(messages):
-        converted = _to_openai_message(message)
-        if converted is not None:
-            wire.append(converted)
-    return wire
-
-
-def _to_openai_message(message: ChatMessage) -> dict[str, Any] | None:
-    if message.role == Role.USER:
-        return {"role": "user", "content": _user_content(message)}
-    if message.role == Role.ASSISTANT:
-        return _assistant_message(message)
-    if message.role == Role.TOOL:
-        if not message.tool_call_id:
-            return None
-        return {"role": "tool", "content": message.content, "tool_call_id": message.tool_call_id}
-    return {"role": "system", "content": message.content}
-
-
-def _user_content(message: ChatMessage) -> str | list[dict[str, Any]]:
-    if not message.images:
-        return message.content
-    parts: list[dict[str, Any]] = []
-    if message.content:
-        parts.append({"type": "text", "text": message.content})
-    for image in message.images:
-        url = f"data:{image.media_type};base64,{image.base64}"
-        parts.append({"type": "image_url", "image_url": {"url": url}})
-    return parts
-
-
-def _assistant_message(message: ChatMessage) -> dict[str, Any]:
-    wire: dict[str, Any] = {"role": "assistant"}
-    if message.content:
-        wire["content"] = message.content
-    if message.tool_calls:
-        wire["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                # Some servers reject "" as arguments; "{}" means the same: no arguments.
-                "function": {"name": call.name, "arguments": call.arguments or "{}"},
-            }
-            for call in message.tool_calls
-        ]
-    elif "content" not in wire:
-        wire["content"] = ""  # OpenAI requires content when there are no tool calls
-    if message.reasoning_content:
-        # DeepSeek-style thinking APIs want the reasoning back within a tool-call turn.
-        wire["reasoning_content"] = message.reasoning_content
-    return wire
-
-
-def build_payload(request: ChatRequest, *, stream: bool) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "model": request.model,
-        "messages": to_openai_messages(request.system_prompt, request.messages),
-        "stream": stream,
-    }
-    if stream:
-        payload["stream_options"] = {"include_usage": True}
-    if request.tools:
-        payload["tools"] = request.tools
-    if request.max_tokens is not None:
-        payload["max_tokens"] = request.max_tokens
-    if request.temperature is not None:
-        payload["temperature"] = request.temperature
-    return payload
-
-
-def completion_to_chunk(data: dict[str, Any]) -> dict[str, Any]:
-    """A non-streamed ``chat.completion`` as one equivalent streamed chunk."""
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ProviderError(
-            ErrorCategory.MALFORMED_STREAM, "The model provider's reply had no choices."
-        )
-    choice = choices[0]
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-    delta = dict(message)
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        # A complete message has no "index"; position is the index.
-        delta["tool_calls"] = [
-            {**call, "index": position}
-            for position, call in enumerate(calls)
-            if isinstance(call, dict)
-        ]
-    return {
-        "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
-        "usage": data.get("usage"),
-    }
+TRANSPORTS = frozenset({"asyncio", "stock"})  # the client's network layer, see _client()
 
 
 def scrub_secret(text: str, secret: str, min_run: int = 8) -> str:
@@ -250,7 +158,10 @@ class OpenAIProvider:
         user_agent: str = "Lyceum/0.1",
         rng: RandomSource | None = None,
         read_interval: float = 0.0,
+        transport: str = "asyncio",
     ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, not {transport!r}")
         self.name = name
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key.strip()
@@ -259,6 +170,7 @@ class OpenAIProvider:
         self.idle_timeout = idle_timeout
         self.complete_timeout = complete_timeout  # a whole non-streamed reply
         self.read_interval = read_interval
+        self.transport = transport  # "asyncio" (netbackend.py) or "stock" (httpx's own)
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
@@ -276,10 +188,18 @@ class OpenAIProvider:
         return f"OpenAIProvider(name={self.name!r}, base_url={self.base_url!r})"
 
     async def aclose(self) -> None:
-        """Close the client this provider created (a client passed in is the caller's)."""
-        if self._own_client is not None:
-            await self._own_client.aclose()
-            self._own_client = None
+        """Close the client this provider created (a client passed in is the caller's).
+
+        The provider stays usable: the next request builds a new client. A client built
+        in another event loop cannot be closed from this one; it is only dropped.
+        """
+        client, self._own_client = self._own_client, None
+        owner = self._own_loop() if self._own_loop is not None else None
+        self._own_loop = None
+        if client is None or client.is_closed:
+            return
+        if owner is asyncio.get_running_loop():
+            await client.aclose()
 
     # --- public API -------------------------------------------------------------------
 
@@ -336,7 +256,7 @@ class OpenAIProvider:
 
     async def _stream_once(
         self, payload: dict[str, Any], accumulator: StreamAccumulator
-    ) -> AsyncIterator[StreamChunk]:
+    ) -> AsyncGenerator[StreamChunk, None]:
         """Yield deltas while the response is open, then close it and yield ``StreamEnd``."""
         sse = SSEDecoder()
         decoder = ChunkDecoder()
@@ -349,7 +269,7 @@ class OpenAIProvider:
                         response = await self._open(stack, "POST", "/chat/completions", payload)
                 except TimeoutError:
                     raise self._first_byte_timeout_error() from None
-                network = response.extensions.get("network_stream")
+                network: Any = response.extensions.get("network_stream")
                 if self.read_interval > 0 and hasattr(network, "pace_reads"):
                     network.pace_reads(self.read_interval)
                     stack.callback(network.pace_reads, 0.0)  # before it goes back to the pool
@@ -490,13 +410,18 @@ class OpenAIProvider:
         return headers
 
     def _client(self) -> httpx.AsyncClient:
-        """The caller's client, or one of ours per event loop (pools are loop-bound)."""
+        """The caller's client, or ours: built on first use, then kept for every request.
+
+        Its pool is bound to the event loop it was built in: when a request runs in
+        another loop (each ``asyncio.run``, each async test), the old client is dropped
+        (it cannot be closed from here) and a new one built.
+        """
         if self._given_client is not None:
             return self._given_client
         loop = asyncio.get_running_loop()
         owner = self._own_loop() if self._own_loop is not None else None
         if self._own_client is None or self._own_client.is_closed or owner is not loop:
-            if environment_proxy_for(self.base_url):
+            if self.transport == "stock" or environment_proxy_for(self.base_url):
                 # httpx ignores HTTP(S)_PROXY when given a transport: keep its own.
                 self._own_client = httpx.AsyncClient(
                     timeout=self._timeout, follow_redirects=False, verify=_shared_ssl_context()

@@ -148,3 +148,11 @@ class Provider(Protocol):
         ...
 
     async def list_models(self) -> list[str]: ...
+
+    async def aclose(self) -> None:
+        """Release what the provider holds (its HTTP client and pooled connections).
+
+        A provider is meant to be kept and reused for many requests; after ``aclose`` it
+        may still be used (it builds what it needs again), so closing is never unsafe.
+        """
+        ...

@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
 
+import httpx
 import pytest
 
-from chat.core.messages import ChatMessage, Image, ToolCall, assistant, tool_result, user
+from chat.core.messages import ToolCall, user
 from chat.llm import netbackend
-from chat.llm.openai import OpenAIProvider, build_payload, scrub_secret, to_openai_messages
+from chat.llm.openai import OpenAIProvider, scrub_secret
 from chat.llm.retry import (
     RETRY_AFTER_CAP,
     backoff_delay,
     classify_http_error,
     parse_retry_after,
 )
+from chat.llm.sse import encode_event
 from chat.llm.types import (
     ChatRequest,
     ErrorCategory,
@@ -31,6 +35,7 @@ from chat.llm.types import (
     ToolCallStarted,
     Usage,
 )
+from chat.llm.wire import ChunkEncoder
 from tests.fakeopenai import FakeOpenAI, FakeToolCall, Script
 
 API_KEY = "sk-lyceum-TESTKEY-7f3a9c2e1b4d8f60aa"
@@ -172,67 +177,6 @@ def test_scrub_secret_hides_the_key_and_long_pieces_of_it():
     assert API_KEY[:14] not in scrub_secret(masked, API_KEY)
     assert scrub_secret("nothing here", API_KEY) == "nothing here"
     assert scrub_secret("ab ab", "ab") == "ab ab"  # too short to search for
-
-
-# --- pure: wire messages ----------------------------------------------------------------------
-
-
-def test_messages_are_converted_to_the_openai_shape():
-    messages = [
-        user("look", images=[Image(base64="QUJD", media_type="image/png")]),
-        assistant(
-            "",
-            tool_calls=[ToolCall("call_1", "read", ""), ToolCall("call_x", "lost", "{}")],
-            reasoning_content="I should read.",
-        ),
-        tool_result("call_1", "file text"),
-        tool_result("call_orphan", "dropped by sanitize"),
-        ChatMessage(role="tool", content="no id"),
-        assistant("Done."),
-        assistant(""),
-    ]
-    assert to_openai_messages("  You are helpful.  ", messages) == [
-        {"role": "system", "content": "  You are helpful.  "},
-        {
-            "role": "user",
-            "content": [
-                {"type": "text", "text": "look"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,QUJD"}},
-            ],
-        },
-        {
-            "role": "assistant",
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "read", "arguments": "{}"},
-                }
-            ],
-            "reasoning_content": "I should read.",
-        },
-        {"role": "tool", "content": "file text", "tool_call_id": "call_1"},
-        {"role": "assistant", "content": "Done."},
-        {"role": "assistant", "content": ""},
-    ]
-
-
-def test_blank_system_prompt_is_left_out_and_optional_fields_too():
-    payload = build_payload(
-        ChatRequest(model="m", messages=[user("x")], system_prompt=" \n"), stream=True
-    )
-    assert payload == {
-        "model": "m",
-        "messages": [{"role": "user", "content": "x"}],
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    full = build_payload(
-        ChatRequest(model="m", messages=[], tools=TOOLS, max_tokens=5, temperature=0.2),
-        stream=False,
-    )
-    assert (full["tools"], full["max_tokens"], full["temperature"]) == (TOOLS, 5, 0.2)
-    assert "stream_options" not in full and full["stream"] is False
 
 
 # --- streaming against the fake server ----------------------------------------------------
@@ -777,3 +721,118 @@ async def test_paced_reads_take_the_tokens_in_a_few_reads_and_lose_none(fake_ope
         assert error is None and text_of(again) == "Second reply"
     finally:
         await provider.aclose()
+
+
+# --- one provider, many requests: its client is reused, and closed by aclose ----------------
+
+
+async def keep_alive_sse_server(connections: list[asyncio.Task[Any]]) -> asyncio.Server:
+    """A loopback server that answers every chat request on a connection with a short SSE
+    reply and keeps the connection open (tests/fakeopenai.py closes after each one).
+    ``connections`` gets the task serving each connection."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        connections.append(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])  # type: ignore[index]
+                asked = json.loads(await reader.readexactly(length))["messages"][-1]["content"]
+                encoder = ChunkEncoder("m")
+                end = StreamEnd("stop", [], Usage(1, 1), f"re: {asked}", "")
+                body = b"".join(
+                    encode_event(json.dumps(item))
+                    for item in encoder.encode_all([TextDelta(end.text), end])
+                ) + encode_event("[DONE]")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("transport", ["asyncio", "stock"])
+async def test_sequential_requests_share_one_client_and_one_connection(transport: str):
+    connections: list[asyncio.Task[Any]] = []
+    server = await keep_alive_sse_server(connections)
+    port = server.sockets[0].getsockname()[1]
+    provider = make_provider(None, base_url=f"http://127.0.0.1:{port}/v1", transport=transport)
+    try:
+        first, error = await collect(provider, request("one"))
+        client = provider._client()
+        second, error2 = await collect(provider, request("two"))
+        assert (error, error2) == (None, None)
+        assert (first[-1].text, second[-1].text) == ("re: one", "re: two")
+        assert provider._client() is client
+        assert len(connections) == 1  # the second request went over the pooled connection
+        assert isinstance(client._transport, netbackend.AsyncioTransport) == (  # type: ignore[attr-defined]
+            transport == "asyncio"
+        )
+    finally:
+        await provider.aclose()
+        server.close()
+        # Closing the client closed its pooled connection: the server sees the end.
+        await asyncio.wait_for(asyncio.gather(*connections), 2.0)
+
+
+async def test_the_fake_server_sees_one_client_for_many_requests(fake_openai: FakeOpenAI, provider):
+    made: list[httpx.AsyncClient] = []
+    real_init = httpx.AsyncClient.__init__
+
+    def counting_init(self: httpx.AsyncClient, *args: Any, **kwargs: Any) -> None:
+        made.append(self)
+        real_init(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(httpx.AsyncClient, "__init__", counting_init)
+        for n in range(3):
+            chunks, error = await collect(provider, request(f"n{n}"))
+            assert error is None and chunks[-1].text == "Hello from the fake model."
+        assert await provider.list_models() == ["fake-model", "fake-reasoner"]
+    assert len(made) == 1
+    assert len(fake_openai.chat_requests()) == 3
+
+
+async def test_aclose_closes_the_client_and_a_later_request_builds_a_new_one(
+    fake_openai: FakeOpenAI,
+):
+    provider = make_provider(fake_openai)
+    await collect(provider)
+    client = provider._client()
+    await provider.aclose()
+    assert client.is_closed
+    await provider.aclose()  # twice is fine
+    chunks, error = await collect(provider)
+    assert error is None and chunks[-1].text == "Hello from the fake model."
+    assert provider._client() is not client and not provider._client().is_closed
+    await provider.aclose()
+
+
+def test_a_provider_used_from_two_event_loops_rebuilds_its_client(fake_openai: FakeOpenAI):
+    provider = make_provider(fake_openai)
+    clients: list[httpx.AsyncClient] = []
+
+    async def one_reply() -> str:
+        chunks, error = await collect(provider)
+        assert error is None
+        clients.append(provider._client())
+        return chunks[-1].text
+
+    assert asyncio.run(one_reply()) == "Hello from the fake model."
+    assert asyncio.run(one_reply()) == "Hello from the fake model."  # a new loop
+    assert clients[0] is not clients[1]
+    asyncio.run(provider.aclose())  # from a third loop: the client is dropped, no error
+    assert provider._own_client is None
+
+
+def test_an_unknown_transport_is_refused():
+    with pytest.raises(ValueError, match="transport"):
+        OpenAIProvider("p", "http://127.0.0.1:1/v1", "", transport="curl")

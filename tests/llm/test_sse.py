@@ -1,4 +1,4 @@
-"""The SSE decoder, the chunk decoder and the chunk accumulator (pure, no network)."""
+"""The SSE decoder (sse.py), and the chunk decoder and accumulator (wire.py) fed by it."""
 
 from __future__ import annotations
 
@@ -12,14 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chat.core.messages import ToolCall
-from chat.llm.sse import (
-    ChunkDecoder,
-    SSEDecoder,
-    SSEEvent,
-    StreamAccumulator,
-    accumulate,
-    events_to_chunks,
-)
+from chat.llm.sse import SSEDecoder, SSEEvent
 from chat.llm.types import (
     ErrorCategory,
     ProviderError,
@@ -29,6 +22,7 @@ from chat.llm.types import (
     ToolCallStarted,
     Usage,
 )
+from chat.llm.wire import ChunkDecoder, StreamAccumulator, accumulate, events_to_chunks
 
 
 def decode_all(*parts: bytes) -> list[SSEEvent]:
