@@ -16,7 +16,7 @@ Run: ``.venv/bin/python bench/bench_stock_paths.py [--tokens 300] [--tps 50] [--
     (``AsyncioStream.pace_reads``); on the stock transport the provider reads as data
     arrives whatever ``read_interval`` says, which is what deleting the backend would give.
 
-(b) ``chat.rendering.StreamingMarkdown`` on markdown-shaped replies streamed in pieces of
+(b) ``chat.presentation.markdown.StreamingMarkdown`` on markdown-shaped replies streamed in pieces of
     about one model token, rendered every ``--every`` pieces (a push interval's worth):
     the class as it is (the word-append fast path on), the same class with the fast path
     off (a subclass whose ``_appendable`` says no: every snapshot re-renders the last
@@ -46,7 +46,7 @@ if str(ROOT) not in sys.path:
 from chat.core.messages import user  # noqa: E402
 from chat.llm.openai import OpenAIProvider  # noqa: E402
 from chat.llm.types import ChatRequest, StreamEnd, TextDelta  # noqa: E402
-from chat.rendering import StreamingMarkdown, render_markdown_uncached  # noqa: E402
+from chat.presentation.markdown import StreamingMarkdown, render_markdown_uncached  # noqa: E402
 
 # --- (a) provider streaming ------------------------------------------------------------
 

@@ -50,7 +50,7 @@ async def test_the_first_text_goes_out_at_once_and_later_text_within_one_interva
 
 
 async def test_text_read_once_per_interval_goes_out_as_it_arrives(host):
-    # As from an upstream read once per interval (chat.providers): the first text, a
+    # As from an upstream read once per interval (chat.catalog): the first text, a
     # batch a third of an interval later, then a batch every interval. Pushes a whole
     # interval apart would keep every later batch waiting two thirds of an interval.
     text, arrived = "", {}

@@ -215,7 +215,7 @@ def test_unreadable_payloads_raise_a_wire_error(payload: Any, phrase: str):
 # --- property: messages → payload → messages ------------------------------------------------
 
 short_text = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"),
     max_size=12,
 )
 call_ids = st.from_regex(r"call_[a-z0-9]{1,6}", fullmatch=True)

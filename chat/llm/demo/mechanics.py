@@ -53,6 +53,9 @@ class DemoProvider:
                 return chunk
         raise ProviderError(ErrorCategory.MALFORMED_STREAM)  # unreachable: the stream always ends
 
+    async def aclose(self) -> None:
+        """Nothing to close: the demo model holds no connection."""
+
     async def list_models(self) -> list[str]:
         return list(DEMO_MODELS)
 
