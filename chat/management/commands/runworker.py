@@ -5,6 +5,7 @@ import asyncio
 from channels.management.commands.runworker import Command as ChannelsRunworker
 from channels.worker import Worker
 
+from chat.catalog import close_providers
 from chat.runhost import executor
 
 
@@ -15,6 +16,7 @@ class RunWorker(Worker):
             await super().handle()
         finally:
             sweeper.cancel()
+            await close_providers()  # the kept providers' connection pools
 
 
 class Command(ChannelsRunworker):
