@@ -43,6 +43,8 @@ reasoning. Special modes, chosen from the system prompt or the request:
   starting "Sub-agent report:"; calls `calculator` first when the task holds an expression.
 * **persona** (system prompt contains "Respond as the persona <Name>"): one to three
   sentences in that persona's voice about the user's last message.
+* **classroom** (system prompt lists a cast, ``chat.core.voices.CAST_HEADER``): one to
+  three personas as ``<Name>…</Name>`` segments; see :mod:`chat.llm.demo_classroom`.
 * **compaction** (last user message contains "Primary Request"): a nine-section summary
   naming the first user messages of the JSON transcript and how many messages it held.
 """
@@ -61,6 +63,7 @@ from typing import Any
 
 from chat.core.channels import strip_agent_xml_tag
 from chat.core.messages import ChatMessage, Role, ToolCall
+from chat.llm import demo_classroom
 from chat.llm.types import (
     ChatRequest,
     ErrorCategory,
@@ -249,6 +252,8 @@ def plan_reply(request: ChatRequest) -> DemoReply:
     persona = _persona_name(request.system_prompt)
     if persona:
         return _persona_reply(turn, persona, text)
+    if (voiced := demo_classroom.reply(request.system_prompt, text)) is not None:
+        return DemoReply(*voiced)  # classroom mode: a cast in the prompt
     for rule in _USER_RULES:
         reply = rule(turn, text)
         if reply is not None:
