@@ -12,6 +12,7 @@ urlpatterns = [
     path("<int:classroom_id>/cast.css", views.cast_css, name="class_cast_css"),
     path("<int:classroom_id>/settings/", views.class_settings, name="class_settings"),
     path("<int:classroom_id>/code/", views.class_code, name="class_code"),
+    path("<int:classroom_id>/archive/", views.class_archive, name="class_archive"),
     path(
         "<int:classroom_id>/roster/<int:enrollment_id>/remove/",
         views.class_remove_student,

@@ -115,6 +115,14 @@ def class_settings(request: HttpRequest, classroom_id: int) -> HttpResponse:
 
 
 @require_POST
+def class_archive(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    archive = request.POST.get("archive") == "1"
+    done = "Archived: students no longer see the class." if archive else "The class is open again."
+    _do(request, actions.set_archived, classroom_id, archive, success=done)
+    return _back(classroom_id, "settings")
+
+
+@require_POST
 def class_code(request: HttpRequest, classroom_id: int) -> HttpResponse:
     _do(request, actions.regenerate_join_code, classroom_id, success="New join code: {result}.")
     return _back(classroom_id, "roster")

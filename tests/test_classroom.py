@@ -19,7 +19,7 @@ from chat.runhost.setup import setup_for
 from classroom import actions
 from classroom.models import SCENE_CONTENT_MAX, Classroom, ClassroomChat, Enrollment, Persona
 from classroom.prompt import build_scene_context, content_outline
-from tests.test_runner import adb, check_chat, display, runner_state, settle  # noqa: F401
+from tests.test_runner import adb, check_chat, display, runner_state, settle, until  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -244,3 +244,29 @@ async def test_the_demo_cast_follows_the_triggers(student, classroom, text, spea
     assert [r["sender_name"] for r in replies] == speakers
     if text.startswith("unparseable"):
         assert replies[0]["content"].startswith("Plain words about “Linear equations”")
+
+
+async def test_stop_keeps_each_personas_partial_text(settings, teacher, student, classroom):
+    settings.LYCEUM_DEMO_TOKEN_DELAY = 0.01
+    await adb(actions.update_classroom)(
+        teacher, classroom.pk, title="Algebra 1", subject="Maths", model="demo"
+    )
+    link = await adb(actions.open_class_chat)(student, classroom.pk)
+    assert link.chat.model == "demo"
+    sent = await adb(chat_actions.send_message)(
+        student, link.chat_id, "a long one please", uuid.uuid4().hex
+    )
+    await until(lambda: len(Run.objects.get(pk=sent.run_id).partial_text) > 80)
+    await adb(chat_actions.cancel_run)(student, link.chat_id)
+    await settle()
+    runs = await adb(check_chat)(link.chat)
+    assert runs[0].status == Run.Status.CANCELLED
+    kept = [
+        e.payload
+        for e in await adb(display)(link.chat)
+        if e.kind == "msg" and e.payload["role"] == "assistant"
+    ]
+    assert [k["sender_name"] for k in kept] == ["Ada"]
+    assert kept[0]["extra"]["ended"] == "cancelled"
+    assert kept[0]["content"].startswith("Step 1 of “Linear equations”")
+    assert "<Ada>" not in kept[0]["content"]

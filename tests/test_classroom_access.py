@@ -63,6 +63,7 @@ def teacher_urls(w) -> list[tuple[str, str]]:
         ("post", f"/classes/{c}/personas/{p}/delete/"),
         ("post", f"/classes/{c}/settings/"),
         ("post", f"/classes/{c}/code/"),
+        ("post", f"/classes/{c}/archive/"),
         ("post", f"/classes/{c}/roster/{e}/remove/"),
     ]
 

@@ -56,7 +56,9 @@ def test_chat_returns_the_learner_message_and_the_persona_replies(setup, live):
 
         second = client.post(f"/api/v1/classrooms/{room.pk}/chat", json={"user_message": "ok"})
         assert [m["agent_name"] for m in second.json()] == ["You", "Ada", "Maya"]
-        assert client.get(f"/api/v1/classrooms/{room.pk}/history").json() == messages + second.json()
+        assert (
+            client.get(f"/api/v1/classrooms/{room.pk}/history").json() == messages + second.json()
+        )
         bad = client.post(f"/api/v1/classrooms/{room.pk}/chat", json={"user_message": " "})
         assert bad.status_code == 400
 
