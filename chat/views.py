@@ -18,6 +18,7 @@ from chat.access import ChatAction, access_chat, can_access_chat
 from chat.apikeys import create_api_key, revoke_api_key
 from chat.catalog import available_models
 from chat.models import Agent, ApiKey, ChatSession
+from chat.panels import home_panels
 from chat.presentation import display, exports, fragments
 from chat.runhost import transitions
 
@@ -71,7 +72,10 @@ def page_of_items(chat_id, before_seq: int | None = None, limit: int = PAGE_ITEM
 
 
 def sidebar_chats(user, query: str = ""):
-    chats = ChatSession.objects.filter(owner=user).only("id", "title", "updated_at")
+    # A class chat is opened from its class ("Classes"), not listed among the chats.
+    chats = ChatSession.objects.filter(owner=user, kind=ChatSession.Kind.CHAT).only(
+        "id", "title", "updated_at"
+    )
     if query:
         chats = chats.filter(title__icontains=query)
     return chats[:SIDEBAR_CHATS]
@@ -82,7 +86,11 @@ def home(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "chat/home.html",
-        {"chats": sidebar_chats(request.user), **_new_chat_options()},
+        {
+            "chats": sidebar_chats(request.user),
+            "panels": home_panels(request),
+            **_new_chat_options(),
+        },
     )
 
 

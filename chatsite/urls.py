@@ -16,6 +16,8 @@ urlpatterns = [
         name="password_change_done",
     ),
     path("admin/", admin.site.urls),
+    path("api/v1/classrooms/", include("classroom.api_urls")),
     path("api/v1/", include("chat.api.urls")),
+    path("classes/", include("classroom.urls")),
     path("", include("chat.urls")),
 ]

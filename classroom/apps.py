@@ -4,3 +4,17 @@ from django.apps import AppConfig
 class ClassroomConfig(AppConfig):
     name = "classroom"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Classroom plugs into chat through its seams; chat never imports classroom.
+        from chat.access import register_chat_policy
+        from chat.models import ChatSession
+        from chat.panels import register_home_panel
+        from chat.runhost.setup import register_run_setup
+        from classroom.access import teacher_policy
+        from classroom.prompt import class_run_setup
+        from classroom.views import home_panel
+
+        register_chat_policy(teacher_policy)
+        register_run_setup(ChatSession.Kind.CLASSROOM, class_run_setup)
+        register_home_panel(home_panel)

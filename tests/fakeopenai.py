@@ -705,6 +705,7 @@ def bench_script(
     coalesce: bool = True,
     stamp: bool = False,
     markdown: bool = False,
+    voices: list[str] | None = None,
 ) -> Script:
     """A long reply, e.g. for benchmarks: ``tokens`` chunks of ``"tok<i> "``.
 
@@ -717,6 +718,14 @@ def bench_script(
     pieces = [word.format(i=i) for i in range(tokens)]
     if markdown:
         pieces = [_markdown_word(i, piece) for i, piece in enumerate(pieces)]
+    if voices and pieces:
+        # One tagged segment per speaker (a classroom's one call), the words shared out.
+        size = -(-len(pieces) // len(voices))
+        for number, name in enumerate(voices):
+            first, last = number * size, min(len(pieces), (number + 1) * size) - 1
+            if first <= last:
+                pieces[first] = f"<{name}>{pieces[first]}"
+                pieces[last] = f"{pieces[last]}</{name}>\n"
     return Script(tokens=pieces, token_delay=token_delay, coalesce=coalesce, stamp_tokens=stamp)
 
 
@@ -754,6 +763,9 @@ def main(argv: list[str] | None = None) -> None:
         "--markdown", action="store_true", help="paragraphs, a list, bold and code words"
     )
     parser.add_argument(
+        "--voices", default="", help="comma-separated speakers: one tagged segment each"
+    )
+    parser.add_argument(
         "--record", metavar="FILE", help="append each finished reply to FILE as a JSON line"
     )
     args = parser.parse_args(argv)
@@ -761,7 +773,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.tokens_per_second > 0:
         token_delay, coalesce = 1.0 / args.tokens_per_second, False
     default = bench_script(
-        args.tokens, token_delay, coalesce=coalesce, stamp=args.stamp, markdown=args.markdown
+        args.tokens,
+        token_delay,
+        coalesce=coalesce,
+        stamp=args.stamp,
+        markdown=args.markdown,
+        voices=[v.strip() for v in args.voices.split(",") if v.strip()],
     )
     server = FakeOpenAI(host=args.host, port=args.port, default=default)
     record = open(args.record, "a", encoding="utf-8") if args.record else None  # noqa: SIM115

@@ -10,7 +10,7 @@ from chat.core.messages import ChatMessage, DisplayType
 from chat.models import ChatSession
 from chat.store import StoredEvent
 
-EXPORTED_EVENTS = {"compacted", "complete", "cancelled", "error"}
+EXPORTED_EVENTS = {"compacted", "complete", "cancelled", "error", "scene"}
 
 
 def filename(chat: ChatSession, fmt: str) -> str:
@@ -87,4 +87,6 @@ def as_markdown(chat: ChatSession, events: list[StoredEvent], *, with_reasoning:
             lines += [f"_Error ({entry.get('category')}): {entry.get('message')}_", ""]
         elif kind == "cancelled":
             lines += ["_Stopped._", ""]
+        elif kind == "scene":
+            lines += ["---", "", f"_Scene {entry.get('number')}: {entry.get('title')}_", ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -36,6 +36,9 @@ is not available. Special modes, chosen from the system prompt or the request:
   holds an expression.
 * **persona** (system prompt contains "Respond as the persona <Name>"): one to three
   sentences in that persona's voice about the user's last message.
+* **a cast** (the system prompt lists one, ``chat.core.voices.CAST_HEADER``): one to three
+  speakers as ``<Name>…</Name>`` segments ("panel", "two voices"...); in a classroom (the
+  prompt names the current scene) the classroom mode of :mod:`chat.llm.demo.classroom`.
 * **compaction** (the last user message starts with
   ``chat.core.compact.SUMMARY_INSTRUCTIONS``): a nine-section summary naming the first user
   messages of the JSON transcript and how many messages it held.
@@ -66,6 +69,7 @@ from chat.core.prompts import (
     USER_APPENDED_PREFIX,
 )
 from chat.core.voices import cast_from_prompt
+from chat.llm.demo import classroom
 from chat.llm.demo.texts import (
     DEFAULT_DELEGATE_TASK,
     DEFAULT_FILE,
@@ -159,6 +163,10 @@ def plan_reply(request: ChatRequest) -> DemoReply:
     if sub_agent:
         return _sub_agent_reply(turn, text)
     cast = cast_from_prompt(request.system_prompt)
+    if cast and classroom.in_classroom(request.system_prompt):
+        voiced = classroom.reply(request.system_prompt, text)
+        if voiced is not None:
+            return DemoReply(*voiced)
     if cast:
         return _cast_reply(turn, cast, text)
     persona = _persona_name(request.system_prompt)

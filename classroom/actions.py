@@ -1,0 +1,440 @@
+"""What people can do to a class: one function per action, each owning its effects.
+
+As in :mod:`chat.actions`: access is checked first (``classroom.access``), the writes
+happen in one transaction, and doorbells ring after the commit (``chat.live.doorbell``
+defers to it). Callers (views, the API) call one action and nothing else.
+Errors are :class:`chat.actions.ActionError` with a message for the user.
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from chat import actions as chat_actions
+from chat import store
+from chat.actions import ActionError, SendResult
+from chat.catalog import UnknownModel, available_models, default_model
+from chat.live.doorbell import ring
+from chat.models import ChatSession
+from chat.roles import is_teacher
+from classroom.access import ClassAction, access_classroom, access_enrollment, access_persona
+from classroom.access import access_scene as _access_scene
+from classroom.models import (
+    JOIN_CODE_ALPHABET,
+    SCENE_CONTENT_MAX,
+    SCENE_CONTEXT_MAX,
+    Classroom,
+    ClassroomChat,
+    Enrollment,
+    Persona,
+    Scene,
+    new_join_code,
+)
+from classroom.prompt import build_scene_context, cast_of
+
+TITLE_MAX = 200
+PERSONA_NAME = re.compile(r"^[^\W_][\w .'-]{0,39}$")
+COLOUR = re.compile(r"^#[0-9a-fA-F]{6}$")
+GUARDRAIL_MAX = 2_000
+PERSONA_PROMPT_MAX = 4_000
+
+# The cast a new class starts with; the teacher edits it.
+PRESET_CAST = [
+    {
+        "name": "Ada",
+        "role": Persona.Role.TEACHER,
+        "avatar": "🧑‍🏫",
+        "colour": "#7c3aed",
+        "prompt": "A warm, patient teacher. Explains one idea at a time, asks guiding "
+        "questions, and checks understanding before moving on.",
+    },
+    {
+        "name": "Theo",
+        "role": Persona.Role.ASSISTANT,
+        "avatar": "🧭",
+        "colour": "#0f766e",
+        "prompt": "A practical teaching assistant. Gives hints, small worked examples and "
+        "reminders of the method, never the final answer.",
+    },
+    {
+        "name": "Maya",
+        "role": Persona.Role.STUDENT,
+        "avatar": "🙋",
+        "colour": "#c2410c",
+        "prompt": "A curious classmate. Thinks aloud, asks the questions others do not dare "
+        "to ask, and sometimes makes a mistake worth discussing.",
+    },
+    {
+        "name": "Leo",
+        "role": Persona.Role.STUDENT,
+        "avatar": "🧑‍🎤",
+        "colour": "#1d4ed8",
+        "prompt": "A confident, brief classmate. Suggests another way to see the problem "
+        "and likes concrete examples.",
+    },
+]
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _title(text: str, what: str = "A class") -> str:
+    text = " ".join((text or "").split())
+    if not text:
+        raise ActionError(f"{what} needs a title.", "empty")
+    if len(text) > TITLE_MAX:
+        raise ActionError(
+            f"The title is too long (the limit is {TITLE_MAX} characters).", "too_long"
+        )
+    return text
+
+
+def _checked_model(alias: str, *, allow_empty: bool) -> str:
+    alias = (alias or "").strip()
+    if not alias:
+        if allow_empty:
+            return ""
+        try:
+            return default_model()
+        except UnknownModel as exc:
+            raise ActionError(str(exc), "unknown_model") from None
+    if alias not in {c.alias for c in available_models()}:
+        raise ActionError(str(UnknownModel(alias)), "unknown_model")
+    return alias
+
+
+def class_model(classroom: Classroom) -> str:
+    """The model of the class's one call: the AI teacher's own, else the class's."""
+    cast = cast_of(classroom)
+    if cast and cast[0].model:
+        return cast[0].model
+    return classroom.model
+
+
+def _sync_chat_models(classroom: Classroom) -> None:
+    """Class chats answer with the class's model from their next message on."""
+    ChatSession.objects.filter(classroom_link__classroom=classroom).exclude(
+        model=class_model(classroom)
+    ).update(model=class_model(classroom))
+
+
+def _clean_code(code: str) -> str:
+    return re.sub(r"[\s-]", "", code or "").upper()
+
+
+# --- classes -------------------------------------------------------------------------------------
+
+
+def create_classroom(user, *, title: str, subject: str = "", model: str = "") -> Classroom:
+    if not is_teacher(user) and not user.is_staff:
+        raise ActionError("Only teachers can create classes.", "not_found")
+    title = _title(title)
+    subject = " ".join((subject or "").split())[:200]
+    model = _checked_model(model, allow_empty=False)
+    with transaction.atomic():
+        classroom = Classroom.objects.create(
+            title=title, subject=subject, owner=user, model=model, join_code=_unused_code()
+        )
+        Persona.objects.bulk_create(
+            Persona(classroom=classroom, position=index, **preset)
+            for index, preset in enumerate(PRESET_CAST)
+        )
+    return classroom
+
+
+def _unused_code() -> str:
+    while True:
+        code = new_join_code()
+        if not Classroom.objects.filter(join_code=code).exists():
+            return code
+
+
+def update_classroom(user, classroom_id, *, title: str, subject: str, model: str) -> Classroom:
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    classroom.title = _title(title)
+    classroom.subject = " ".join((subject or "").split())[:200]
+    classroom.model = _checked_model(model, allow_empty=False)
+    with transaction.atomic():
+        classroom.save(update_fields=["title", "subject", "model"])
+        _sync_chat_models(classroom)
+    return classroom
+
+
+def regenerate_join_code(user, classroom_id) -> str:
+    """A new join code; the old one stops working at once."""
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    classroom.join_code = _unused_code()
+    classroom.save(update_fields=["join_code"])
+    return classroom.join_code
+
+
+def set_archived(user, classroom_id, archived: bool) -> Classroom:
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    classroom.archived_at = timezone.now() if archived else None
+    classroom.save(update_fields=["archived_at"])
+    return classroom
+
+
+# --- roster --------------------------------------------------------------------------------------
+
+
+def join_classroom(user, code: str) -> Classroom:
+    """Enrol ``user`` in the class of ``code``; joining twice is harmless."""
+    code = _clean_code(code)
+    if not code:
+        raise ActionError("Type the join code your teacher gave you.", "empty")
+    wrong = ActionError(
+        "That join code is wrong or no longer valid. Check it with your teacher.", "bad_code"
+    )
+    if any(c not in JOIN_CODE_ALPHABET for c in code):
+        raise wrong
+    classroom = Classroom.objects.filter(join_code=code).first()
+    if classroom is None or classroom.archived_at is not None:
+        raise wrong
+    if classroom.is_teacher(user):
+        return classroom  # a teacher of the class has it already
+    try:
+        with transaction.atomic():
+            Enrollment.objects.get_or_create(classroom=classroom, student=user)
+    except IntegrityError:
+        pass  # joined twice at once: the first one won
+    return classroom
+
+
+def remove_student(user, classroom_id, enrollment_id) -> str:
+    """Take a student off the roster; their class chat stays theirs, read-only to the class."""
+    enrollment = access_enrollment(user, classroom_id, enrollment_id)
+    name = enrollment.student.get_username()
+    enrollment.delete()
+    return name
+
+
+# --- scenes --------------------------------------------------------------------------------------
+
+
+def save_scene(
+    user,
+    classroom_id,
+    scene_id=None,
+    *,
+    title: str,
+    kind: str = Scene.Kind.LECTURE,
+    content: str = "",
+    scene_context: str | None = None,
+    guardrail: str | None = None,
+) -> Scene:
+    """Add a scene (``scene_id`` None) or edit one. An empty ``scene_context`` means
+    "build it from the content"; a written one is kept as the teacher wrote it."""
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    if scene_id is None:
+        scene = Scene(classroom=classroom)
+    else:
+        scene = _access_scene(user, classroom.pk, scene_id)
+    scene.title = _title(title, "A scene")
+    if kind not in Scene.Kind.values:
+        raise ActionError(f"Unknown scene kind {kind!r}.", "bad_request")
+    scene.kind = kind
+    content = (content or "").replace("\r\n", "\n")
+    if len(content) > SCENE_CONTENT_MAX:
+        raise ActionError(
+            f"The scene content is too long ({len(content)} characters; the limit is "
+            f"{SCENE_CONTENT_MAX}).",
+            "too_long",
+        )
+    scene.content = content
+    if guardrail is not None:
+        if len(guardrail) > GUARDRAIL_MAX:
+            raise ActionError(
+                f"The guardrail is too long (the limit is {GUARDRAIL_MAX} characters).", "too_long"
+            )
+        scene.guardrail = guardrail.strip()
+    written = (scene_context or "").strip()
+    if len(written) > SCENE_CONTEXT_MAX:
+        raise ActionError(
+            f"The scene context is too long ({len(written)} characters; the limit is "
+            f"{SCENE_CONTEXT_MAX}).",
+            "too_long",
+        )
+    if scene_context is not None:
+        scene.context_edited = bool(written) and written != build_scene_context(classroom, scene)
+    scene.scene_context = written if scene.context_edited else build_scene_context(classroom, scene)
+    with transaction.atomic():
+        if scene.pk is None:
+            last = classroom.scenes.aggregate(m=Max("position"))["m"]
+            scene.position = 0 if last is None else last + 1
+        scene.save()
+        if classroom.current_scene_id is None:
+            _move_class_to(classroom, scene)
+    return scene
+
+
+def move_scene(user, classroom_id, scene_id, direction: str) -> None:
+    """Move a scene one place "up" or "down" in the class's order."""
+    scene = _access_scene(user, classroom_id, scene_id)
+    with transaction.atomic():
+        scenes = list(Scene.objects.select_for_update().filter(classroom=scene.classroom))
+        index = next(i for i, s in enumerate(scenes) if s.pk == scene.pk)
+        other = index - 1 if direction == "up" else index + 1
+        if direction not in ("up", "down") or not 0 <= other < len(scenes):
+            return
+        scenes[index], scenes[other] = scenes[other], scenes[index]
+        for position, item in enumerate(scenes):
+            if item.position != position:
+                Scene.objects.filter(pk=item.pk).update(position=position)
+
+
+def delete_scene(user, classroom_id, scene_id) -> str:
+    scene = _access_scene(user, classroom_id, scene_id)
+    title = scene.title
+    scene.delete()
+    return title
+
+
+def set_current_scene(user, classroom_id, scene_id) -> Scene:
+    """Move the class to a scene: every class chat gets its marker; the next prompt uses it."""
+    scene = _access_scene(user, classroom_id, scene_id)
+    with transaction.atomic():
+        classroom = Classroom.objects.select_for_update().get(pk=scene.classroom_id)
+        if classroom.current_scene_id != scene.pk:
+            _move_class_to(classroom, scene)
+    return scene
+
+
+def _scene_marker(scene: Scene) -> dict:
+    return {
+        "type": "scene",
+        "scene_id": scene.pk,
+        "number": scene.number,
+        "title": scene.title,
+        "kind": scene.kind,
+    }
+
+
+def _move_class_to(classroom: Classroom, scene: Scene) -> None:
+    """Inside a transaction: set the current scene and mark it in every class chat."""
+    classroom.current_scene = scene
+    Classroom.objects.filter(pk=classroom.pk).update(current_scene=scene)
+    marker = _scene_marker(scene)
+    for chat_id in ClassroomChat.objects.filter(classroom=classroom).values_list(
+        "chat_id", flat=True
+    ):
+        ring(chat_id, store.append_display(chat_id, [dict(marker)]))
+
+
+# --- personas ------------------------------------------------------------------------------------
+
+
+def save_persona(
+    user,
+    classroom_id,
+    persona_id=None,
+    *,
+    name: str,
+    role: str,
+    prompt: str = "",
+    avatar: str = "",
+    colour: str = "",
+    model: str = "",
+    enabled: bool = True,
+) -> Persona:
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    persona = (
+        Persona(classroom=classroom)
+        if persona_id is None
+        else access_persona(user, classroom.pk, persona_id)
+    )
+    name = " ".join((name or "").split())
+    if not name:
+        raise ActionError("A persona needs a name.", "empty")
+    if not PERSONA_NAME.match(name):
+        raise ActionError(
+            "A persona's name is up to 40 letters, digits, spaces, dots, hyphens or "
+            "apostrophes, starting with a letter or digit.",
+            "bad_name",
+        )
+    clash = classroom.personas.filter(name__iexact=name).exclude(pk=persona.pk).exists()
+    if clash:
+        raise ActionError(f"The class already has a persona named {name}.", "duplicate")
+    if role not in Persona.Role.values:
+        raise ActionError(f"Unknown persona role {role!r}.", "bad_request")
+    if len(prompt or "") > PERSONA_PROMPT_MAX:
+        raise ActionError(
+            f"The persona prompt is too long (the limit is {PERSONA_PROMPT_MAX} characters).",
+            "too_long",
+        )
+    colour = (colour or "").strip() or persona.colour
+    if not COLOUR.match(colour):
+        raise ActionError("A colour is written #rrggbb, for example #7c3aed.", "bad_colour")
+    persona.name, persona.role, persona.prompt = name, role, (prompt or "").strip()
+    persona.avatar = (avatar or "").strip()[:16] or persona.avatar
+    persona.colour = colour.lower()
+    persona.model = _checked_model(model, allow_empty=True)
+    persona.enabled = bool(enabled)
+    with transaction.atomic():
+        if persona.pk is None:
+            last = classroom.personas.aggregate(m=Max("position"))["m"]
+            persona.position = 0 if last is None else last + 1
+        try:
+            with transaction.atomic():
+                persona.save()
+        except IntegrityError:
+            raise ActionError(
+                f"The class already has a persona named {name}.", "duplicate"
+            ) from None
+        _sync_chat_models(classroom)
+    return persona
+
+
+def delete_persona(user, classroom_id, persona_id) -> str:
+    persona = access_persona(user, classroom_id, persona_id)
+    name = persona.name
+    with transaction.atomic():
+        persona.delete()
+        _sync_chat_models(persona.classroom)
+    return name
+
+
+# --- the student's class chat --------------------------------------------------------------------
+
+
+def open_class_chat(user, classroom_id) -> ClassroomChat:
+    """The user's chat of the class, made on first use (with the current scene's marker)."""
+    classroom = access_classroom(user, classroom_id, ClassAction.STUDY)
+    link = (
+        ClassroomChat.objects.select_related("chat").filter(classroom=classroom, student=user)
+    ).first()
+    if link is not None:
+        link.classroom = classroom
+        return link
+    try:
+        with transaction.atomic():
+            chat = store.create_chat(user, title=classroom.title, model=class_model(classroom))
+            ChatSession.objects.filter(pk=chat.pk).update(kind=ChatSession.Kind.CLASSROOM)
+            chat.kind = ChatSession.Kind.CLASSROOM
+            link = ClassroomChat.objects.create(classroom=classroom, student=user, chat=chat)
+            if classroom.current_scene is not None:
+                store.append_display(chat.pk, [_scene_marker(classroom.current_scene)])
+    except IntegrityError:  # opened twice at once: the first one made it
+        link = ClassroomChat.objects.select_related("chat").get(classroom=classroom, student=user)
+    link.classroom = classroom
+    return link
+
+
+def send_class_message(
+    user, classroom_id, text: str, client_id: str, *, scene_context: str | None = None
+) -> tuple[ClassroomChat, SendResult]:
+    """The API's send: into the user's class chat (made if need be), one run per call.
+
+    ``scene_context`` (seed 001's optional field) is what the client shows the student;
+    it goes into the prompts of this class chat until the next call says otherwise.
+    """
+    link = open_class_chat(user, classroom_id)
+    given = (scene_context or "").strip()[:SCENE_CONTEXT_MAX]
+    if given != link.client_scene_context:
+        ClassroomChat.objects.filter(pk=link.pk).update(client_scene_context=given)
+        link.client_scene_context = given
+    return link, chat_actions.send_message(user, link.chat_id, text, client_id)

@@ -1,0 +1,353 @@
+"""The classroom pages: thin views that fetch with permission, call one action, render."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from chat.access import ChatAction, can_access_chat
+from chat.actions import ActionError
+from chat.catalog import available_models
+from chat.presentation.markdown import render_markdown_uncached
+from chat.roles import is_teacher
+from chat.runhost import transitions
+from chat.views import _stream_html, page_of_items
+from classroom import actions
+from classroom.access import (
+    ClassAction,
+    access_classroom,
+    access_persona,
+    access_scene,
+    classrooms_of,
+    teaches,
+)
+from classroom.models import SCENE_CONTENT_MAX, Persona, Scene
+from classroom.prompt import cast_of
+
+
+def _may_create(user) -> bool:
+    return is_teacher(user) or user.is_staff
+
+
+@require_GET
+def class_list(request: HttpRequest) -> HttpResponse:
+    classes = list(classrooms_of(request.user))
+    taught = [c for c in classes if teaches(request.user, c)]
+    studied = [c for c in classes if c not in taught]
+    return render(
+        request,
+        "classroom/list.html",
+        {"taught": taught, "studied": studied, "may_create": _may_create(request.user)},
+    )
+
+
+@require_http_methods(["GET", "POST"])
+def class_new(request: HttpRequest) -> HttpResponse:
+    if not _may_create(request.user):
+        raise Http404("Only teachers create classes")
+    form = {"title": "", "subject": "", "model": ""}
+    if request.method == "POST":
+        form = {k: request.POST.get(k, "") for k in form}
+        try:
+            classroom = actions.create_classroom(request.user, **form)
+        except ActionError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(request, f"Created “{classroom.title}”.")
+            return redirect("class_detail", classroom_id=classroom.pk)
+    return render(request, "classroom/new.html", {"form": form, "models": available_models()})
+
+
+@require_GET
+def class_detail(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    classroom = access_classroom(request.user, classroom_id, ClassAction.STUDY)
+    if not teaches(request.user, classroom):
+        return redirect("class_chat", classroom_id=classroom.pk)
+    return render(
+        request,
+        "classroom/detail.html",
+        {
+            "classroom": classroom,
+            "scenes": list(classroom.scenes.all()),
+            "personas": list(classroom.personas.all()),
+            "enrollments": list(classroom.enrollments.select_related("student")),
+            "models": available_models(),
+            "join_url": request.build_absolute_uri(f"/classes/join/{classroom.join_code}/"),
+            "role_choices": Persona.Role.choices,
+        },
+    )
+
+
+def _back(classroom_id, section: str = "") -> HttpResponse:
+    response = redirect("class_detail", classroom_id=classroom_id)
+    if section:
+        response["Location"] += f"#{section}"
+    return response
+
+
+def _do(request: HttpRequest, action, *args, success: str = "", **kwargs):
+    """Call one action; report its error (or ``success``) as a flash message."""
+    try:
+        result = action(request.user, *args, **kwargs)
+    except ActionError as exc:
+        messages.error(request, exc.message)
+        return None
+    if success:
+        messages.success(request, success.format(result=result))
+    return result
+
+
+@require_POST
+def class_settings(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    _do(
+        request,
+        actions.update_classroom,
+        classroom_id,
+        title=request.POST.get("title", ""),
+        subject=request.POST.get("subject", ""),
+        model=request.POST.get("model", ""),
+        success="Saved.",
+    )
+    return _back(classroom_id)
+
+
+@require_POST
+def class_archive(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    archive = request.POST.get("archive") == "1"
+    done = "Archived: students no longer see the class." if archive else "The class is open again."
+    _do(request, actions.set_archived, classroom_id, archive, success=done)
+    return _back(classroom_id, "settings")
+
+
+@require_POST
+def class_code(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    _do(request, actions.regenerate_join_code, classroom_id, success="New join code: {result}.")
+    return _back(classroom_id, "roster")
+
+
+@require_POST
+def class_remove_student(request: HttpRequest, classroom_id: int, enrollment_id: int):
+    _do(
+        request,
+        actions.remove_student,
+        classroom_id,
+        enrollment_id,
+        success="Removed {result} from the class.",
+    )
+    return _back(classroom_id, "roster")
+
+
+# --- joining -------------------------------------------------------------------------------------
+
+
+@require_http_methods(["GET", "POST"])
+def class_join(request: HttpRequest, code: str = "") -> HttpResponse:
+    if request.method == "POST":
+        classroom = _do(request, actions.join_classroom, request.POST.get("code", ""))
+        if classroom is not None:
+            return redirect("class_chat", classroom_id=classroom.pk)
+        code = request.POST.get("code", "")
+    return render(request, "classroom/join.html", {"code": code})
+
+
+# --- scenes --------------------------------------------------------------------------------------
+
+
+def _scene_fields(request: HttpRequest) -> dict:
+    return {
+        "title": request.POST.get("title", ""),
+        "kind": request.POST.get("kind", Scene.Kind.LECTURE),
+        "content": request.POST.get("content", ""),
+        "scene_context": request.POST.get("scene_context", ""),
+        "guardrail": request.POST.get("guardrail", ""),
+    }
+
+
+@require_http_methods(["GET", "POST"])
+def scene_edit(request: HttpRequest, classroom_id: int, scene_id: int | None = None):
+    classroom = access_classroom(request.user, classroom_id, ClassAction.TEACH)
+    scene = access_scene(request.user, classroom.pk, scene_id) if scene_id else None
+    if request.method == "POST":
+        fields = _scene_fields(request)
+        saved = _do(request, actions.save_scene, classroom.pk, scene_id, **fields)
+        if saved is not None:
+            messages.success(request, f"Saved the scene “{saved.title}”.")
+            return _back(classroom.pk, "scenes")
+        form = fields
+    elif scene is not None:
+        form = {
+            "title": scene.title,
+            "kind": scene.kind,
+            "content": scene.content,
+            "scene_context": scene.scene_context,
+            "guardrail": scene.guardrail,
+        }
+    else:
+        form = {
+            "title": "",
+            "kind": "lecture",
+            "content": "",
+            "scene_context": "",
+            "guardrail": Scene._meta.get_field("guardrail").default,
+        }
+    return render(
+        request,
+        "classroom/scene_edit.html",
+        {
+            "classroom": classroom,
+            "scene": scene,
+            "form": form,
+            "kinds": Scene.Kind.choices,
+            "content_max": SCENE_CONTENT_MAX,
+        },
+    )
+
+
+@require_POST
+def scene_preview(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    access_classroom(request.user, classroom_id, ClassAction.TEACH)
+    content = request.POST.get("content", "")[:SCENE_CONTENT_MAX]
+    html = render_markdown_uncached(content) if content.strip() else ""
+    return HttpResponse(
+        render_to_string("classroom/_preview.html", {"html": html}), content_type="text/html"
+    )
+
+
+@require_POST
+def scene_move(request: HttpRequest, classroom_id: int, scene_id: int) -> HttpResponse:
+    _do(request, actions.move_scene, classroom_id, scene_id, request.POST.get("direction", ""))
+    return _back(classroom_id, "scenes")
+
+
+@require_POST
+def scene_current(request: HttpRequest, classroom_id: int, scene_id: int) -> HttpResponse:
+    _do(
+        request,
+        actions.set_current_scene,
+        classroom_id,
+        scene_id,
+        success="The class is now on “{result.title}”.",
+    )
+    return _back(classroom_id, "scenes")
+
+
+@require_POST
+def scene_delete(request: HttpRequest, classroom_id: int, scene_id: int) -> HttpResponse:
+    _do(request, actions.delete_scene, classroom_id, scene_id, success="Deleted “{result}”.")
+    return _back(classroom_id, "scenes")
+
+
+# --- personas ------------------------------------------------------------------------------------
+
+
+def _persona_fields(request: HttpRequest) -> dict:
+    return {
+        "name": request.POST.get("name", ""),
+        "role": request.POST.get("role", Persona.Role.STUDENT),
+        "prompt": request.POST.get("prompt", ""),
+        "avatar": request.POST.get("avatar", ""),
+        "colour": request.POST.get("colour", ""),
+        "model": request.POST.get("model", ""),
+        "enabled": request.POST.get("enabled") == "on",
+    }
+
+
+@require_http_methods(["GET", "POST"])
+def persona_edit(request: HttpRequest, classroom_id: int, persona_id: int | None = None):
+    classroom = access_classroom(request.user, classroom_id, ClassAction.TEACH)
+    persona = access_persona(request.user, classroom.pk, persona_id) if persona_id else None
+    if request.method == "POST":
+        fields = _persona_fields(request)
+        saved = _do(request, actions.save_persona, classroom.pk, persona_id, **fields)
+        if saved is not None:
+            messages.success(request, f"Saved {saved.name}.")
+            return _back(classroom.pk, "personas")
+        form = fields
+    elif persona is not None:
+        form = {
+            f: getattr(persona, f)
+            for f in ("name", "role", "prompt", "avatar", "colour", "model", "enabled")
+        }
+    else:
+        form = {
+            "name": "",
+            "role": "student",
+            "prompt": "",
+            "avatar": "🙂",
+            "colour": "#2563eb",
+            "model": "",
+            "enabled": True,
+        }
+    return render(
+        request,
+        "classroom/persona_edit.html",
+        {
+            "classroom": classroom,
+            "persona": persona,
+            "form": form,
+            "roles": Persona.Role.choices,
+            "models": available_models(),
+        },
+    )
+
+
+@require_POST
+def persona_delete(request: HttpRequest, classroom_id: int, persona_id: int) -> HttpResponse:
+    _do(request, actions.delete_persona, classroom_id, persona_id, success="Removed {result}.")
+    return _back(classroom_id, "personas")
+
+
+@require_GET
+def cast_css(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    """Each persona's colour for its bubbles (a stylesheet: the CSP allows no inline style)."""
+    classroom = access_classroom(request.user, classroom_id, ClassAction.STUDY)
+    rules = [
+        f'.class-chat .msg.labelled[aria-label="{p.name}"], '
+        f'.cast [data-persona="{p.name}"] {{ color: {p.colour}; }}'
+        for p in classroom.personas.all()
+    ]
+    response = HttpResponse("\n".join(rules) + "\n", content_type="text/css; charset=utf-8")
+    response["Cache-Control"] = "private, no-cache"
+    return response
+
+
+# --- the class chat ------------------------------------------------------------------------------
+
+
+@require_GET
+def class_chat(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    link = actions.open_class_chat(request.user, classroom_id)
+    classroom, chat = link.classroom, link.chat
+    page = page_of_items(chat.pk)
+    live = transitions.live_run(chat)
+    return render(
+        request,
+        "classroom/chat.html",
+        {
+            "classroom": classroom,
+            "chat": chat,
+            "scene": classroom.current_scene,
+            "scene_html": render_markdown_uncached(classroom.current_scene.content)
+            if classroom.current_scene and classroom.current_scene.content
+            else "",
+            "cast": cast_of(classroom),
+            "page": page,
+            "last_seq": chat.last_display_seq,
+            "live_run": live,
+            "stream_html": _stream_html(live),
+            "can_write": can_access_chat(request.user, chat, ChatAction.WRITE),
+            "is_teacher": teaches(request.user, classroom),
+        },
+    )
+
+
+def home_panel(request: HttpRequest) -> str:
+    """ "Your classes" on the home page, with the join form (registered with chat)."""
+    return render_to_string(
+        "classroom/_home_panel.html",
+        {"classes": classrooms_of(request.user)},
+        request=request,
+    )
