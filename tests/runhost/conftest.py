@@ -1,11 +1,14 @@
 """Fixtures of the run tests: an in-process runner with small timeouts, a clean runner
-state around each test, and the fake OpenAI server as an admin-configured provider.
+state around each test, the fake OpenAI server as an admin-configured provider, and a
+clock for the run's hang guard that a test can move forward.
 
 Modules outside this folder that need them import them by name (see
 tests/api/test_events_contract.py).
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -48,3 +51,30 @@ def fake_model(fake_openai: FakeOpenAI, transactional_db) -> FakeOpenAI:
         provider=provider, alias="fake-model", model_id="gpt-fake", context_window=8000
     )
     return fake_openai
+
+
+class GuardClock:
+    """``time`` as chat.runhost.executor sees it, with ``monotonic`` movable forward.
+
+    The hang guard measures a run's time with ``time.monotonic``; a test moves this clock
+    past the guard instead of sleeping until it fires. Real time still passes too.
+    """
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.skew
+
+    def advance(self, seconds: float) -> None:
+        self.skew += seconds
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def guard_clock(monkeypatch) -> GuardClock:
+    clock = GuardClock()
+    monkeypatch.setattr(executor, "time", clock)
+    return clock

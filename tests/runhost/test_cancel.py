@@ -66,14 +66,19 @@ async def test_cancel_closes_the_upstream_request_and_keeps_the_partial_text(
     await adb(assert_nothing_live)()
 
 
-async def test_the_hang_guard_ends_a_run_that_does_not_complete(alice, agent, runtime, fake_model):
-    runtime.LYCEUM_RUN_GUARD_SECONDS = 1.0
+async def test_the_hang_guard_ends_a_run_that_does_not_complete(
+    alice, agent, runtime, fake_model, guard_clock
+):
+    # Longer than the test takes in real time: only the clock moved forward ends it.
+    runtime.LYCEUM_RUN_GUARD_SECONDS = 20.0
     runtime.LYCEUM_IDLE_TIMEOUT = 30.0
     fake_model.enqueue(
         Script(tokens=["Still ", "thinking ", "about ", "it"], fault_after=2, stall=30)
     )
     chat = await new_chat(alice, "fake-model")
     sent = await send(alice, chat, "hang please")
+    await until(lambda: run_row(sent.run_id).partial_text == "Still thinking ")  # stalled
+    guard_clock.advance(21.0)
     await settle()
 
     run = await adb(run_row)(sent.run_id)
@@ -89,10 +94,10 @@ async def test_the_hang_guard_ends_a_run_that_does_not_complete(alice, agent, ru
 
 
 async def test_the_hang_guard_is_reported_even_when_leaving_the_group_takes_time(
-    alice, agent, runtime, fake_model, monkeypatch
+    alice, agent, runtime, fake_model, monkeypatch, guard_clock
 ):
     """With Redis, leaving the control group is a network round trip."""
-    runtime.LYCEUM_RUN_GUARD_SECONDS = 1.0
+    runtime.LYCEUM_RUN_GUARD_SECONDS = 20.0
     runtime.LYCEUM_IDLE_TIMEOUT = 30.0
     layer = get_channel_layer()
     original = layer.group_discard
@@ -105,6 +110,8 @@ async def test_the_hang_guard_is_reported_even_when_leaving_the_group_takes_time
     fake_model.enqueue(Script(tokens=["Half ", "way ", "there"], fault_after=2, stall=30))
     chat = await new_chat(alice, "fake-model")
     sent = await send(alice, chat, "hang please")
+    await until(lambda: run_row(sent.run_id).partial_text == "Half way ")  # stalled
+    guard_clock.advance(21.0)
     await settle()
     run = await adb(run_row)(sent.run_id)
     assert (run.status, run.error_category) == (Run.Status.FAILED, "timed_out")
