@@ -40,7 +40,9 @@ def start_panel_chat(page: Page, base: str) -> str:
     ).click()
     page.wait_for_url(CHAT_URL)
     page.locator("body[data-ws=open]").wait_for(timeout=WAIT_MS)
-    return CHAT_URL.match(page.url)["id"]
+    match = CHAT_URL.match(page.url)
+    assert match, page.url
+    return match["id"]
 
 
 def streaming_bubble(page: Page, name: str):
