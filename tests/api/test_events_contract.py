@@ -1,4 +1,4 @@
-# ruff: noqa: F811 - the fixtures imported from test_runner are requested by parameter name
+# ruff: noqa: F811 - the fixtures imported from tests.runhost.conftest are requested by parameter name
 """The run-event contract: every event type round-trips through JSON, and what the runner
 stores and the API follower yields parses back into typed events.
 
@@ -24,18 +24,18 @@ from chat.api import follow
 from chat.models import Run
 from chat.runhost import executor, transitions
 from tests.fakeopenai import Script
-from tests.test_runner import (  # noqa: F401 - fixtures are used by name
+
+# The run fixtures live beside the run tests; they are requested here by parameter name.
+from tests.runhost.conftest import fake_model, runner_state, runtime  # noqa: F401
+from tests.runhost.helpers import (
     WAIT,
-    _wait_for_approval,
     adb,
     check_chat,
-    fake_model,
     new_chat,
-    runner_state,
-    runtime,
     send,
     settle,
     until,
+    wait_for_approval,
 )
 
 SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
@@ -151,10 +151,10 @@ async def test_the_events_the_runner_stores_parse(alice, agent, runtime, fake_mo
     for text in ("calculate 12*7", "delegate find three facts about owls", "fail midway"):
         await send(alice, chat, text)
         await settle()
-    _run_id, approval = await _wait_for_approval(alice, chat, "write file notes.md")
+    _run_id, approval = await wait_for_approval(alice, chat, "write file notes.md")
     await adb(actions.decide_approval)(alice, chat.pk, approval.call_id, approve=False, reason="no")
     await settle()
-    await _wait_for_approval(alice, chat, "write file notes.md")
+    await wait_for_approval(alice, chat, "write file notes.md")
     await adb(actions.cancel_run)(alice, chat.pk)
     await adb(actions.switch_model)(alice, chat.pk, "fake-model")
     fake_model.enqueue(

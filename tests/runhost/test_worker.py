@@ -36,7 +36,7 @@ from chat.live.layers import live_layer
 from chat.models import Run
 from chat.runhost import executor
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = "redis://127.0.0.1:6379/3"
 WAIT_SECONDS = 30.0
 LONG_PROMPT = "Please give me a long answer about rivers."

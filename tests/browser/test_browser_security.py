@@ -16,10 +16,10 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from chat.models import Provider, ProviderModel
-from tests import test_browser_chat as chat_ui
+from tests.browser import test_browser_chat as chat_ui
+from tests.browser.test_browser_chat import messages, new_chat, replies, send, wait_replies
 from tests.conftest import login
 from tests.fakeopenai import FakeToolCall, Script
-from tests.test_browser_chat import messages, new_chat, replies, send, wait_replies
 
 # The live server fixtures of the chat tests (settings are set before the server forks).
 serve = chat_ui.serve

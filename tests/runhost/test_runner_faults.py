@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - the fixtures imported from test_runner are requested by parameter name
 """The fault matrix, through the whole runtime: send → runner → agent loop → OpenAI provider
 → the fake OpenAI HTTP server, and back into the database.
 
@@ -18,18 +17,15 @@ import pytest
 from chat import store
 from chat.models import Run
 from tests.fakeopenai import FakeOpenAI, FakeToolCall, Script
-from tests.test_runner import (  # noqa: F401 - fixtures are used by name
+from tests.runhost.helpers import (
     adb,
     assert_nothing_live,
     check_chat,
     display,
     events_of,
-    fake_model,
     new_chat,
     partial_messages,
     run_row,
-    runner_state,
-    runtime,
     send,
     settle,
     terminal_of,

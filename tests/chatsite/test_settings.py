@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from chatsite import env
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = {
     "DEBUG": "0",
     "SECRET_KEY": "a-long-random-production-secret-key-0123456789-abcdefghijklmnopq",
