@@ -13,8 +13,8 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.browser.test_browser_chat import WAIT_MS, composer, messages, serve, wait_socket_open  # noqa: F401
 from tests.conftest import login
-from tests.test_browser_chat import WAIT_MS, composer, messages, serve, wait_socket_open  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

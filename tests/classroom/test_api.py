@@ -7,7 +7,7 @@ import pytest
 
 from chat.apikeys import create_api_key
 from classroom import actions
-from tests.test_api import auth, data_lines
+from tests.api.test_api import auth, data_lines
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,7 +19,8 @@ from chat.runhost.setup import setup_for
 from classroom import actions
 from classroom.models import SCENE_CONTENT_MAX, Classroom, ClassroomChat, Enrollment, Persona
 from classroom.prompt import build_scene_context, content_outline
-from tests.test_runner import adb, check_chat, display, runner_state, settle, until  # noqa: F401
+from tests.runhost.conftest import runner_state  # noqa: F401 - a fixture used by name
+from tests.runhost.helpers import adb, check_chat, display, settle, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

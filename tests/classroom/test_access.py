@@ -15,7 +15,7 @@ from django.test import AsyncClient, Client
 from chat.apikeys import create_api_key
 from classroom import actions
 from classroom.models import Enrollment
-from tests.test_consumer import open_socket
+from tests.live.test_consumer import open_socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
