@@ -157,10 +157,8 @@ class DjangoRunHost:
                 # Every voice of one reply shares its round.
                 message.extra["round"] = self.round
                 replied = True
-                if remember_html and message.content and self.voices is None:
-                    html = self.markdown.render_final(message.content)
-                    if html is not None:
-                        remember_rendered(message.content, html)
+                if remember_html and message.content:
+                    self._remember_final_html(message)
         if replied:
             self.round += 1
             self.partial = ("", "")  # written: a reconnecting page must not see it twice
@@ -168,6 +166,22 @@ class DjangoRunHost:
             self.voice_markdown = []
             self.stop_pushing()
         return new_display
+
+    def _remember_final_html(self, message: ChatMessage) -> None:
+        """Keep the streamed reply's HTML for rendering its message (on the database
+        thread, where a render from scratch held up every other run's writes)."""
+        if self.voices is None:
+            renderer: StreamingMarkdown | None = self.markdown
+        else:
+            voice = message.extra.get("voice")
+            renderer = None
+            if isinstance(voice, int) and voice < len(self.voice_markdown):
+                renderer = self.voice_markdown[voice]
+        if renderer is None:
+            return
+        html = renderer.render_final(message.content)
+        if html is not None:
+            remember_rendered(message.content, html)
 
     def push_partial(self, message: ChatMessage) -> None:
         """A partial reply kept at the run's end, written as the loop writes replies."""
