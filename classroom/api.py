@@ -27,7 +27,6 @@ from chat import store
 from chat.agent.events import TERMINAL_TYPES
 from chat.api.follow import RunFollower, follow_run
 from chat.api.views import ApiError, _field, api_view, read_json
-from chat.core.voices import Voices, VoiceSplitter
 from chat.store import StoredEvent
 from classroom import actions
 from classroom.access import ClassAction, access_classroom
@@ -188,59 +187,10 @@ async def classroom_chat(request: HttpRequest, classroom_id: int) -> HttpRespons
     )
 
 
-class VoiceDeltas:
-    """Raw tagged deltas of a run in, each persona's own deltas out."""
-
-    def __init__(self, speakers: list[str], cast: Cast) -> None:
-        self.voices = Voices.from_names(speakers)
-        self.splitter = VoiceSplitter(self.voices) if self.voices else None
-        self.cast = cast
-        self.sent: list[str] = []  # text sent so far, per reply (in order)
-
-    def feed(self, raw: str) -> list[dict[str, Any]]:
-        if self.splitter is None:
-            return [{"type": "delta", **self._who(None), "text": raw}]
-        self.splitter.feed(raw)
-        return self._diff(self.splitter.replies())
-
-    def finish(self, written: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """What the written replies hold beyond the deltas sent (lost snapshots)."""
-        out = []
-        for index, message in enumerate(written):
-            before = self.sent[index] if index < len(self.sent) else ""
-            content = message["content"]
-            if content.startswith(before) and len(content) > len(before):
-                out.append(
-                    {
-                        "type": "delta",
-                        "agent_id": message["agent_id"],
-                        "agent_name": message["agent_name"],
-                        "text": content[len(before) :],
-                    }
-                )
-        return out
-
-    def _who(self, name: str | None) -> dict[str, Any]:
-        agent = self.cast.agent(name)
-        return {"agent_id": agent["agent_id"], "agent_name": agent["agent_name"]}
-
-    def _diff(self, replies: list[tuple[str, str]]) -> list[dict[str, Any]]:
-        out = []
-        for index, (speaker, text) in enumerate(replies):
-            before = self.sent[index] if index < len(self.sent) else ""
-            if index >= len(self.sent):
-                self.sent.append("")
-            if text.startswith(before) and len(text) > len(before):
-                out.append({"type": "delta", **self._who(speaker), "text": text[len(before) :]})
-                self.sent[index] = text
-        return out
-
-
 @api_view()
 async def classroom_chat_stream(request: HttpRequest, classroom_id: int) -> HttpResponse:
     link, sent, speakers, follower, events = await _start(request, classroom_id)
     cast = await database_sync_to_async(_cast)(link.classroom_id)
-    voices = VoiceDeltas(speakers, cast)
     mine = await database_sync_to_async(_reply_messages)(
         sent.chat_id, link.classroom_id, sent.display_seq, None
     )
@@ -256,15 +206,15 @@ async def classroom_chat_stream(request: HttpRequest, classroom_id: int) -> Http
             async for event in events:
                 kind = event["type"]
                 if kind == "delta":
-                    for out in voices.feed(event["text"]):
-                        yield sse(out)
+                    # The follower splits the run's voices: each delta names its speaker.
+                    agent = cast.agent(event.get("speaker") or None)
+                    who = {"agent_id": agent["agent_id"], "agent_name": agent["agent_name"]}
+                    yield sse({"type": "delta", **who, "text": event["text"]})
                 elif kind in TERMINAL_TYPES:
                     written = await database_sync_to_async(_reply_messages)(
                         sent.chat_id, link.classroom_id, sent.display_seq, follower.run_id
                     )
                     replies = [m for m in written if m["agent_id"] != "user"]
-                    for out in voices.finish(replies):
-                        yield sse(out)
                     for message in replies:
                         yield sse({"type": "message", "message": message})
                     final = {k: v for k, v in event.items() if k != "text"}
