@@ -24,6 +24,7 @@ class ChatAction(StrEnum):
 
 ChatPolicy = Callable[[Any, ChatSession, ChatAction], bool]
 _policies: list[ChatPolicy] = []
+_owner_limits: dict[str, ChatPolicy] = {}
 
 
 def register_chat_policy(policy: ChatPolicy) -> None:
@@ -32,11 +33,18 @@ def register_chat_policy(policy: ChatPolicy) -> None:
         _policies.append(policy)
 
 
+def register_owner_limit(kind: str, limit: ChatPolicy) -> None:
+    """What the owner of a chat of ``kind`` may do (say, a student removed from a class
+    keeps reading their class chat but no longer writes in it). Plain chats have none."""
+    _owner_limits[kind] = limit
+
+
 def can_access_chat(user, chat: ChatSession, action: ChatAction = ChatAction.VIEW) -> bool:
     if not user.is_authenticated or not user.is_active:
         return False
     if chat.owner_id == user.pk:
-        return True
+        limit = _owner_limits.get(chat.kind)
+        return limit is None or limit(user, chat, action)
     return any(policy(user, chat, action) for policy in _policies)
 
 

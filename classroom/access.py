@@ -109,3 +109,17 @@ def teacher_policy(user, chat: ChatSession, action: ChatAction) -> bool:
     return ClassroomChat.objects.filter(
         Q(classroom__owner=user) | Q(classroom__co_teachers=user), chat_id=chat.pk
     ).exists()
+
+
+def student_limit(user, chat: ChatSession, action: ChatAction) -> bool:
+    """Owner limit of class chats: the student writes only while enrolled in a class that
+    is not archived; reading their own chat stays theirs. Nobody renames or deletes one."""
+    if action == ChatAction.VIEW:
+        return True
+    if action == ChatAction.MANAGE:
+        return False
+    return ClassroomChat.objects.filter(
+        chat_id=chat.pk,
+        classroom__archived_at__isnull=True,
+        classroom__enrollments__student=user,
+    ).exists()

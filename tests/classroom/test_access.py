@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 from channels.db import database_sync_to_async
+from django.http import Http404
 from django.test import AsyncClient, Client
 
 from chat.apikeys import create_api_key
@@ -118,6 +119,23 @@ def test_a_student_cannot_read_another_students_class_chat(world, make_user):
     # Their own class chat is another chat.
     assert client.get(f"/classes/{world['room'].pk}/chat/").status_code == 200
     assert actions.open_class_chat(classmate, world["room"].pk).chat_id != world["chat"].pk
+
+
+def test_a_removed_student_keeps_reading_their_class_chat_but_no_longer_writes(world):
+    from chat import actions as chat_actions
+    from chat.access import ChatAction, can_access_chat
+
+    student, chat = world["student"], world["chat"]
+    assert can_access_chat(student, chat, ChatAction.WRITE)
+    assert not can_access_chat(student, chat, ChatAction.MANAGE)  # the class's, not theirs
+    actions.remove_student(world["teacher"], world["room"].pk, world["enrollment"].pk)
+    chat.refresh_from_db()
+    assert can_access_chat(student, chat, ChatAction.VIEW)
+    assert not can_access_chat(student, chat, ChatAction.WRITE)
+    with pytest.raises(Http404):
+        chat_actions.send_message(student, chat.pk, "still here?", "c-late")
+    page = as_user(student).get(f"/chat/{chat.pk}/")
+    assert page.status_code == 200 and b"view-only" in page.content
 
 
 def test_the_teacher_may_watch_a_students_class_chat(world):
