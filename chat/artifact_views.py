@@ -25,6 +25,7 @@ from django.http import (
 )
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
+from django.utils.http import content_disposition_header
 from django.views.decorators.clickjacking import xframe_options_sameorigin
 from django.views.decorators.http import require_GET, require_POST
 
@@ -167,16 +168,11 @@ def chat_artifacts_zip(request: HttpRequest, chat_id) -> HttpResponseBase:
     body = _async_chunks(chunks) if isinstance(request, ASGIRequest) else chunks
     response = StreamingHttpResponse(body, content_type="application/zip")
     name = safe_filename(f"{chat.display_title}.zip", fallback="artifacts.zip")
-    response["Content-Disposition"] = _attachment_header(name)
+    response["Content-Disposition"] = content_disposition_header(True, name)
     response["X-Content-Type-Options"] = "nosniff"
     response["Content-Security-Policy"] = DOWNLOAD_CSP
     response["Cache-Control"] = "private, no-cache"
     return response
-
-
-def _attachment_header(name: str) -> str:
-    response = FileResponse(b"", as_attachment=True, filename=name)
-    return response["Content-Disposition"]
 
 
 async def _async_chunks(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -30,6 +31,7 @@ from chat import actions, catalog, store
 from chat.agent.events import TERMINAL_TYPES
 from chat.core import eventlog
 from chat.models import (
+    Artifact,
     ChatEvent,
     ChatSession,
     ChatToolGrant,
@@ -208,8 +210,21 @@ def pending_approvals(chat) -> list[ToolApproval]:
     )
 
 
-def workspace_file(settings, chat, name: str):
-    return settings.LYCEUM_WORKSPACE_ROOT / str(chat.pk) / name
+class _WorkspaceFile:
+    """A file of the chat's workspace, which is its artifacts (read from another thread:
+    the tests calling ``exists()`` run on the event loop)."""
+
+    def __init__(self, chat_id, name: str) -> None:
+        self.chat_id, self.name = chat_id, name
+
+    def exists(self) -> bool:
+        query = Artifact.objects.filter(chat_id=self.chat_id, path=self.name).exists
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(query).result()
+
+
+def workspace_file(settings, chat, name: str) -> _WorkspaceFile:
+    return _WorkspaceFile(chat.pk, name)
 
 
 # --- a run's record --------------------------------------------------------------------------------

@@ -202,7 +202,9 @@ def detect_kind(name: str, data: bytes, *, language_hint: str = "") -> Detected:
     named_html = ext in ("html", "htm")
     if _HTML_START.match(head) or (named_html and _HTML_TAGS.search(head)):
         return Detected(Kind.HTML, "html", "text/html; charset=utf-8")
-    language = LANGUAGES.get(ext, "") or _language_alias(language_hint)
+    language = LANGUAGES.get(ext, "")
+    if language in ("", "text"):
+        language = _language_alias(language_hint) or language
     if language == "markdown":
         return Detected(Kind.MARKDOWN, "markdown", "text/markdown; charset=utf-8")
     if language and language != "text":
@@ -359,6 +361,8 @@ def fenced_blocks(text: str) -> list[CodeBlock]:
                 break
             body.append(_dedent(line, indent))
             i += 1
+        if i >= len(lines) and body and not body[-1]:
+            body.pop()  # an open fence at the end: the text's last line break is not content
         i += 1  # past the closing fence (or the end)
         content = "\n".join(body) + ("\n" if body else "")
         blocks.append(CodeBlock(content, language, name, len(blocks)))
@@ -374,8 +378,9 @@ def extract_code_blocks(text: str, *, min_lines: int = MIN_BLOCK_LINES) -> list[
     """The substantial fenced blocks of a reply, each once.
 
     Substantial: named in its info string, or ``min_lines`` lines or more. A block
-    repeated in the reply (same name and content) is kept once; a later block with
-    the name of an earlier one replaces it (the last version is what the reply means).
+    repeated in the reply (same content, no name) is kept once, where it first
+    appears; a later block with the name of an earlier one replaces it (the last
+    version is what the reply means).
     """
     chosen: dict[str, CodeBlock] = {}
     for block in fenced_blocks(text):
@@ -383,8 +388,10 @@ def extract_code_blocks(text: str, *, min_lines: int = MIN_BLOCK_LINES) -> list[
             continue
         if block.name is None and block.lines < min_lines:
             continue
-        key = f"name:{block.name}" if block.name else f"content:{block.content}"
-        if key in chosen:
-            del chosen[key]  # keep the latest, in the latest position
+        if block.name is None:
+            chosen.setdefault(f"content:{block.content}", block)
+            continue
+        key = f"name:{block.name}"
+        chosen.pop(key, None)  # keep the latest, in the latest position
         chosen[key] = block
     return list(chosen.values())
