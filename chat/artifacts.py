@@ -32,6 +32,7 @@ from django.db import transaction
 from django.db.models import F, Sum
 
 from chat import store
+from chat.agent.events import ArtifactSaved
 from chat.agent.workspace import WorkspaceError, normalize_path
 from chat.core.artifacts import TEXT_KINDS, Kind, detect_kind, safe_path
 from chat.core.artifacts import CodeBlock as CodeBlock
@@ -174,19 +175,21 @@ def save_version(
 
 
 def card_payload(artifact: Artifact, version: ArtifactVersion, run_id: str = "") -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "type": "artifact",
-        "artifact_id": str(artifact.pk),
-        "version_id": str(version.pk),
-        "version": version.number,
-        "path": artifact.path,
-        "kind": version.kind,
-        "language": version.language,
-        "size": version.size,
-        "source": artifact.source,
-    }
-    if run_id:
-        payload["run_id"] = run_id
+    """The display event of a version (a run's ``ArtifactSaved`` event when a run wrote it)."""
+    event = ArtifactSaved(
+        chat_id=str(artifact.chat_id),
+        run_id=run_id,
+        artifact_id=str(artifact.pk),
+        version_id=str(version.pk),
+        version=version.number,
+        path=artifact.path,
+        kind=version.kind,
+        language=version.language,
+        size=version.size,
+        source=artifact.source,
+    )
+    payload = event.to_dict()
+    payload.pop("seq", None)
     return payload
 
 

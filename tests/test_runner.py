@@ -43,6 +43,7 @@ from chat.models import (
 )
 from chat.runhost import executor, transitions, worker
 from chat.runhost import host as run_host
+from chat.runhost.workspace import ArtifactWorkspace
 from tests.fakeopenai import FakeOpenAI, FakeToolCall, Script
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
@@ -221,6 +222,11 @@ class _WorkspaceFile:
         query = Artifact.objects.filter(chat_id=self.chat_id, path=self.name).exists
         with ThreadPoolExecutor(1) as pool:
             return pool.submit(query).result()
+
+    def read_text(self) -> str:
+        workspace = ArtifactWorkspace(self.chat_id)
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(workspace.read, self.name).result()
 
 
 def workspace_file(settings, chat, name: str) -> _WorkspaceFile:
