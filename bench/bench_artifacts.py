@@ -5,8 +5,9 @@ Run: ``.venv/bin/python bench/bench_artifacts.py [--runs 15] [--artifacts 500] [
 
 It builds chats in a fresh temporary SQLite database and media folder:
 
-* ``empty``: a chat with one exchange and no artifact;
-* ``500 artifacts``: the same exchange, then 500 files written through the agent's
+* ``no artifacts``: a chat of 60 exchanges (questions, markdown answers with a short
+  code block: a full first page) and no artifact;
+* ``500 artifacts``: the same 60 exchanges, then 500 files written through the agent's
   workspace (``ArtifactWorkspace.write``, every tenth one twice: a second version), so
   the log holds a card event per version, as a run leaves it;
 * ``zip``: a chat whose files add up to ``--zip-mb`` MB (8 MB files of random bytes).
@@ -15,7 +16,7 @@ Figures:
 
 * ``page``: server time of ``GET /chat/<id>/`` through Django's test ``Client`` (DEBUG
   off, the whole middleware stack and template), median and p90 of ``--runs`` requests
-  after a warm-up. Target: the 500-artifact page within 1.5x of the empty one.
+  after a warm-up. Target: the 500-artifact page within 1.5x of the one without.
 * ``zip``: ``GET /chat/<id>/artifacts.zip`` read to the end in this process; the
   resident memory (``VmRSS``) is sampled at every chunk, and the growth over the RSS
   before the request is reported with the bytes and the throughput. Target: < 50 MB.
@@ -41,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_streams import percentile, server_env, setup_django, temporary_database  # noqa: E402
 
 FILE_MB = 8
+EXCHANGES = 60
 
 
 def rss_mb() -> float:
@@ -51,12 +53,23 @@ def rss_mb() -> float:
     return 0.0
 
 
-def build_chat(owner, title: str) -> str:
+def build_chat(owner, title: str, exchanges: int = EXCHANGES) -> str:
+    """A chat with ``exchanges`` questions and markdown answers (a full first page)."""
     from chat import actions, store
     from chat.core.messages import assistant, user
 
     chat = actions.new_chat(owner, title=title)
-    store.append_display_messages(chat.pk, [user("hello"), assistant("Hello! **Welcome**.")])
+    for i in range(exchanges):
+        store.append_display_messages(
+            chat.pk,
+            [
+                user(f"Question {i}: how do I read a file in Python?"),
+                assistant(
+                    f"Answer {i}: use **`open`** in a `with` block:\n\n"
+                    "```python\nwith open('notes.md') as f:\n    text = f.read()\n```\n"
+                ),
+            ],
+        )
     return str(chat.pk)
 
 
@@ -92,7 +105,7 @@ def build_zip_chat(owner, total_mb: int) -> str:
 
     from chat import artifacts
 
-    chat_id = build_chat(owner, "zip")
+    chat_id = build_chat(owner, "zip", exchanges=1)
     for i in range(max(1, total_mb // FILE_MB)):
         with transaction.atomic():
             artifacts.save_version(
@@ -174,7 +187,7 @@ def main(argv: list[str]) -> None:
                 client = Client(headers={"host": "127.0.0.1"})
                 client.force_login(owner)
                 pages = {
-                    "empty": measure_page(client, empty, args.runs),
+                    "no artifacts": measure_page(client, empty, args.runs),
                     f"{args.artifacts} artifacts": measure_page(client, full, args.runs),
                 }
                 entries = check_small_zip(client, full)

@@ -42,7 +42,7 @@ from chat.models import Artifact, ArtifactVersion, ChatEvent
 
 logger = logging.getLogger(__name__)
 
-PANEL_LIMIT = 30  # the panel's newest artifacts; the list page has them all
+PANEL_LIMIT = 20  # the panel's newest artifacts; the list page has them all
 ZIP_CHUNK = 256 * 1024
 
 
