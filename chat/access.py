@@ -13,7 +13,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.http import Http404
 
-from chat.models import ChatSession
+from chat.models import Artifact, ArtifactVersion, ChatSession
 
 
 class ChatAction(StrEnum):
@@ -58,3 +58,31 @@ def access_chat(user, chat_id, action: ChatAction = ChatAction.VIEW) -> ChatSess
     if not can_access_chat(user, chat, action):
         raise Http404("No such chat")
     return chat
+
+
+def access_artifact(user, artifact_id, action: ChatAction = ChatAction.VIEW) -> Artifact:
+    """The artifact (with its chat), if ``user`` may ``action`` its chat; otherwise 404.
+
+    An artifact of a chat the user cannot see answers exactly like one that does not
+    exist, for every page, preview, download, zip and API route.
+    """
+    try:
+        artifact = Artifact.objects.select_related("chat", "chat__owner").get(pk=artifact_id)
+    except (Artifact.DoesNotExist, ValidationError, ValueError):
+        raise Http404("No such artifact") from None
+    if not can_access_chat(user, artifact.chat, action):
+        raise Http404("No such artifact")
+    return artifact
+
+
+def access_version(
+    user, artifact_id, number, action: ChatAction = ChatAction.VIEW
+) -> ArtifactVersion:
+    """Version ``number`` of an artifact, fetched with the artifact's chat permission."""
+    artifact = access_artifact(user, artifact_id, action)
+    try:
+        version = artifact.versions.get(number=int(number))
+    except (ArtifactVersion.DoesNotExist, ValueError, TypeError):
+        raise Http404("No such version") from None
+    version.artifact = artifact
+    return version

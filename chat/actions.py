@@ -16,16 +16,28 @@ import shutil
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from chat import store
+from chat import artifacts, store
 from chat.access import ChatAction, access_chat
 from chat.catalog import UnknownModel, available_models, default_agent, default_model
+from chat.core.artifacts import TEXT_KINDS, Kind, detect_kind, safe_filename
 from chat.core.eventlog import msg_event
 from chat.core.messages import ChatMessage
 from chat.live.doorbell import ring, ring_cancel
-from chat.models import Agent, ChatEvent, ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
+from chat.models import (
+    Agent,
+    Artifact,
+    ArtifactVersion,
+    ChatEvent,
+    ChatSession,
+    ChatToolGrant,
+    QueuedInput,
+    Run,
+    ToolApproval,
+)
 from chat.runhost import transitions
 from chat.runhost.executor import launch_on_commit
 
@@ -83,17 +95,20 @@ def _set_title(chat: ChatSession, title: str) -> list[ChatEvent]:
 
 
 def delete_chat(user, chat_id) -> str:
-    """Delete a chat with its log, its runs and its workspace files; returns its title.
+    """Delete a chat with its log, its runs and its artifacts (rows and stored content);
+    returns its title.
 
     A live run is asked to stop first; its process finds the chat gone and ends.
     """
     chat = access_chat(user, chat_id, ChatAction.MANAGE)
     title = chat.display_title
-    workspace = settings.LYCEUM_WORKSPACE_ROOT / str(chat.pk)
+    workspace = settings.LYCEUM_WORKSPACE_ROOT / str(chat.pk)  # files of older versions
     with transaction.atomic():
         for run in Run.objects.filter(chat=chat, status=Run.Status.RUNNING):
             ring_cancel(run.pk)
+        stored = artifacts.storage_names(chat.pk)
         chat.delete()
+        transaction.on_commit(lambda: artifacts.forget_content(stored))
         transaction.on_commit(lambda: shutil.rmtree(workspace, ignore_errors=True))
     return title
 
@@ -157,8 +172,12 @@ def send_message(
     *,
     thinking: bool = True,
     edit_of: int | None = None,
+    attachments: list[str] | None = None,
 ) -> SendResult:
-    """Store a user message once per ``client_id``; start a run unless one is live."""
+    """Store a user message once per ``client_id``; start a run unless one is live.
+
+    ``attachments`` are ids of versions attached to this chat (:func:`attach_file`).
+    """
     text = _checked_text(text)
     client_id = _checked_client_id(client_id)
     chat = access_chat(user, chat_id, ChatAction.WRITE)
@@ -167,7 +186,7 @@ def send_message(
         return existing
     try:
         with transaction.atomic():
-            return _record_send(chat, text, client_id, thinking, edit_of)
+            return _record_send(chat, text, client_id, thinking, edit_of, attachments)
     except IntegrityError:
         # Two sends with the same client id raced; the first one won.
         won = _sent_before(chat, client_id)
@@ -185,6 +204,7 @@ def start_chat_and_send(
     agent_slug: str = "",
     model: str = "",
     thinking: bool = True,
+    attachments: list[str] | None = None,
 ) -> SendResult:
     """Send into ``chat_id``, or into a new chat; all of it or nothing (the API's send).
 
@@ -208,8 +228,10 @@ def start_chat_and_send(
             if model:
                 _switch_model(chat, model)
         else:
+            if attachments:
+                raise ActionError("Attach files to an existing chat.", "bad_request")
             chat = _create_chat(user, agent=agent, model=model)
-        return _record_send(chat, text, client_id, thinking, None)
+        return _record_send(chat, text, client_id, thinking, None, attachments)
 
 
 def _sent_before(chat: ChatSession, client_id: str) -> SendResult | None:
@@ -220,18 +242,35 @@ def _sent_before(chat: ChatSession, client_id: str) -> SendResult | None:
 
 
 def _record_send(
-    chat: ChatSession, text: str, client_id: str, thinking: bool, edit_of: int | None
+    chat: ChatSession,
+    text: str,
+    client_id: str,
+    thinking: bool,
+    edit_of: int | None,
+    attachments: list[str] | None = None,
 ) -> SendResult:
     live = transitions.live_run(chat, lock=True)
-    entry = QueuedInput.objects.create(chat=chat, client_id=client_id, content=text)
+    attached = _attached_versions(chat, attachments or [])
+    context_text, images = _with_attachments(chat, text, attached)
+    entry = QueuedInput.objects.create(
+        chat=chat, client_id=client_id, content=context_text, images=images
+    )
     message = ChatMessage(role="user", content=text, extra={"input_id": entry.pk})
     if edit_of:
         message.extra["edit_of"] = edit_of
     if live:
         message.extra["queued"] = True
+    if attached:
+        message.extra["attachments"] = [
+            artifacts.card_payload(v.artifact, v) | {"type": "attachment"} for v in attached
+        ]
     (row,) = store.append_display(chat.pk, [msg_event(message, store.now_ms())])
     entry.display_seq = row.seq
     entry.save(update_fields=["display_seq"])
+    if attached:
+        ArtifactVersion.objects.filter(pk__in=[v.pk for v in attached], seq=None).update(
+            seq=row.seq
+        )
     rows = [row]
     if not chat.title:
         rows += _set_title(chat, text.splitlines()[0][:TITLE_CHARS])
@@ -244,6 +283,113 @@ def _record_send(
         launch_on_commit(run_id)
     ring(chat.pk, rows)
     return SendResult(entry.pk, row.seq, run_id, False, live is not None, str(chat.pk))
+
+
+# --- attachments ---------------------------------------------------------------------------------
+
+MAX_ATTACHMENTS = 10
+
+
+def attach_file(user, chat_id, name: str, data: bytes) -> ArtifactVersion:
+    """Store a file the user attaches to ``chat_id``; the version to send with a message.
+
+    The kind comes from the content, and must be one the settings allow. Attaching
+    the same name again is a new version of that file (the same content: the same
+    version).
+    """
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    path = safe_filename(name)
+    detected = detect_kind(path, data)
+    allowed = settings.LYCEUM_ATTACHMENT_KINDS
+    if detected.kind.value not in allowed:
+        raise ActionError(
+            f"{path} is {_kind_words(detected.kind)}; files you can attach here: "
+            f"{', '.join(allowed)}.",
+            "refused_type",
+        )
+    with transaction.atomic():
+        try:
+            saved = artifacts.save_version(
+                chat.pk, path, data, source=Artifact.Source.ATTACHMENT, card=False
+            )
+        except artifacts.ArtifactError as exc:
+            raise ActionError(exc.message, exc.code) from None
+        if saved is not None:
+            return saved.version
+        version = artifacts.latest_version(chat.pk, path)
+        assert version is not None
+        return version
+
+
+def _kind_words(kind: Kind) -> str:
+    return {Kind.BINARY: "a binary file", Kind.IMAGE: "an image", Kind.PDF: "a PDF"}.get(
+        kind, f"a {kind.value} file"
+    )
+
+
+def _attached_versions(chat: ChatSession, ids: list[str]) -> list[ArtifactVersion]:
+    ids = list(dict.fromkeys(str(i) for i in ids if i))
+    if not ids:
+        return []
+    if len(ids) > MAX_ATTACHMENTS:
+        raise ActionError(f"Attach at most {MAX_ATTACHMENTS} files to one message.", "too_many")
+    try:
+        found = {
+            str(v.pk): v
+            for v in ArtifactVersion.objects.filter(pk__in=ids, artifact__chat=chat).select_related(
+                "artifact"
+            )
+        }
+    except ValidationError:
+        found = {}
+    if len(found) != len(ids):
+        raise ActionError("An attached file is gone; attach it again.", "not_found")
+    return [found[i] for i in ids]
+
+
+def _with_attachments(
+    chat: ChatSession, text: str, attached: list[ArtifactVersion]
+) -> tuple[str, list[str]]:
+    """The message as the model gets it (text files inlined, up to a cap) and its images."""
+    if not attached:
+        return text, []
+    budget = settings.LYCEUM_ATTACHMENT_CONTEXT_CHARS
+    parts = [text]
+    images: list[str] = []
+    for version in attached:
+        path = version.artifact.path
+        kind = Kind(version.kind)
+        if kind == Kind.IMAGE:
+            if not _model_takes_images(chat.model):
+                raise ActionError(
+                    f"The model {chat.model} cannot read images; switch to a model that can, "
+                    f"or send the message without {path}.",
+                    "no_images",
+                )
+            images.append(str(version.pk))
+            parts.append(f"[Attached image: {path}]")
+            continue
+        content = artifacts.read_text(version) if kind in TEXT_KINDS else None
+        if content is None:
+            parts.append(
+                f"[Attached file: {path}, {artifacts.human_size(version.size)}, "
+                f"{_kind_words(kind)}. It is in your workspace; list_files shows it.]"
+            )
+            continue
+        shown = content[: max(budget, 0)]
+        budget -= len(shown)
+        note = ""
+        if len(shown) < len(content):
+            note = (
+                f"\n[Cut: only the first {len(shown)} of {len(content)} characters are shown "
+                f"here; read_file('{path}') reads the whole file.]"
+            )
+        parts.append(f"Attached file {path}:\n```\n{shown}\n```{note}")
+    return "\n\n".join(p for p in parts if p), images
+
+
+def _model_takes_images(alias: str) -> bool:
+    return any(c.alias == alias and c.accepts_images for c in available_models())
 
 
 def _start_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY) -> Run:

@@ -45,6 +45,7 @@ class ModelChoice:
     provider_name: str
     model_id: str
     context_window: int
+    accepts_images: bool = False  # attached images go to it as input
 
 
 def _openai(name: str, base_url: str, api_key: str) -> OpenAIProvider:
@@ -94,13 +95,17 @@ def available_models() -> list[ModelChoice]:
     rows = ProviderModel.objects.filter(enabled=True, provider__enabled=True).select_related(
         "provider"
     )
-    choices = [ModelChoice(r.alias, r.provider.name, r.model_id, r.context_window) for r in rows]
+    choices = [
+        ModelChoice(r.alias, r.provider.name, r.model_id, r.context_window, r.accepts_images)
+        for r in rows
+    ]
     taken = {c.alias for c in choices}
     choices += [c for c in _env_choices() if c.alias not in taken]
     taken |= {c.alias for c in choices}
     if not Provider.objects.filter(kind=Provider.Kind.DEMO, enabled=False).exists():
         choices += [
-            ModelChoice(alias, "demo", alias, window)
+            # The demo model takes images (it describes what it was sent).
+            ModelChoice(alias, "demo", alias, window, True)
             for alias, window in DEMO_MODELS.items()
             if alias not in taken
         ]

@@ -93,6 +93,9 @@ class ProviderModel(models.Model):
     model_id = models.CharField(max_length=200)
     context_window = models.PositiveIntegerField(default=32_000)
     enabled = models.BooleanField(default=True)
+    accepts_images = models.BooleanField(
+        default=False, help_text="the model takes images as input (attached images go to it)"
+    )
 
     class Meta:
         ordering = ["alias"]
@@ -204,6 +207,8 @@ class QueuedInput(models.Model):
     display_seq = models.PositiveBigIntegerField(null=True)
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL)
     consumed = models.BooleanField(default=False)
+    # Ids of attached image versions, read into the request when the run takes the input.
+    images = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -280,3 +285,67 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class Artifact(models.Model):
+    """A named file of one chat (its path in the agent's workspace), with versions.
+
+    Written by the agent's file tools, kept from a reply's code blocks, or attached by
+    the user. A later write to the same path is a new version, never a new artifact.
+    """
+
+    class Source(models.TextChoices):
+        FILE = "file", "written by a tool"
+        CODE = "code", "code block of a reply"
+        ATTACHMENT = "attachment", "attached by the user"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    chat = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="artifacts")
+    path = models.CharField(max_length=1024)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.FILE)
+    # Of the latest version (what the panel and the workspace show).
+    kind = models.CharField(max_length=16, default="text")
+    language = models.CharField(max_length=32, blank=True)
+    size = models.PositiveBigIntegerField(default=0)
+    version_count = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["chat", "path"], name="artifact_path_unique")
+        ]
+        indexes = [models.Index(fields=["chat", "-updated_at"], name="artifact_chat_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.path} ({self.chat_id})"
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+class ArtifactVersion(models.Model):
+    """One version's content, kept through Django's storage API under a server-made name."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    storage_name = models.CharField(max_length=300)
+    size = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    kind = models.CharField(max_length=16)
+    language = models.CharField(max_length=32, blank=True)
+    mime = models.CharField(max_length=100)
+    # The display event that shows it (its card, or the message it was attached to).
+    seq = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["number"]
+        constraints = [
+            models.UniqueConstraint(fields=["artifact", "number"], name="artifact_version_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.artifact_id} v{self.number}"

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from chat import views
+from chat import artifact_views, views
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -12,4 +12,27 @@ urlpatterns = [
     path("chat/<uuid:chat_id>/delete/", views.chat_delete, name="chat_delete"),
     path("chat/<uuid:chat_id>/export.<str:fmt>", views.chat_export, name="chat_export"),
     path("settings/api-keys/", views.api_keys, name="api_keys"),
+    path("chat/<uuid:chat_id>/artifacts/", artifact_views.chat_artifacts, name="chat_artifacts"),
+    path(
+        "chat/<uuid:chat_id>/artifacts.zip",
+        artifact_views.chat_artifacts_zip,
+        name="chat_artifacts_zip",
+    ),
+    path("chat/<uuid:chat_id>/attachments/", artifact_views.chat_attach, name="chat_attach"),
+    path("artifacts/<uuid:artifact_id>/", artifact_views.artifact_detail, name="artifact_detail"),
+    path(
+        "artifacts/<uuid:artifact_id>/v<int:number>/download",
+        artifact_views.artifact_download,
+        name="artifact_download",
+    ),
+    path(
+        "artifacts/<uuid:artifact_id>/v<int:number>/preview",
+        artifact_views.artifact_preview,
+        name="artifact_preview",
+    ),
+    path(
+        "artifacts/<uuid:artifact_id>/v<int:number>/raw",
+        artifact_views.artifact_raw,
+        name="artifact_raw",
+    ),
 ]

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import actions, store
+from chat import actions, artifacts, store
 from chat.access import ChatAction, access_chat, can_access_chat
 from chat.apikeys import create_api_key, revoke_api_key
 from chat.catalog import available_models
@@ -137,6 +137,7 @@ def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
             "live_run": live,
             "stream_html": _stream_html(live),
             "context_usage": usage,
+            "panel": artifacts.panel(chat.pk),
             "models": available_models(),
             "chats": sidebar_chats(request.user),
             "can_write": can_access_chat(request.user, chat, ChatAction.WRITE),

@@ -180,6 +180,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# Artifact content (chat.artifacts) goes through the default storage: a folder here unless
+# STORAGES names another backend. Never served as /media/: only through checked views.
+MEDIA_ROOT = Path(env_str("LYCEUM_MEDIA_ROOT") or BASE_DIR / "media")
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -243,3 +246,16 @@ LYCEUM_STREAM_PUSH_INTERVAL = env_float("LYCEUM_STREAM_PUSH_INTERVAL", 0.1, mini
 LYCEUM_CHECKPOINT_INTERVAL = env_float("LYCEUM_CHECKPOINT_INTERVAL", 1.0, minimum=0.05)
 LYCEUM_MAX_FRAME_BYTES = env_int("LYCEUM_MAX_FRAME_BYTES", 64 * 1024, minimum=1024)
 LYCEUM_HOOKS = env_list("LYCEUM_HOOKS")
+
+# Artifacts and attachments (chat.artifacts): per file, per chat, and what may be attached.
+LYCEUM_ARTIFACT_MAX_BYTES = env_int("LYCEUM_ARTIFACT_MAX_BYTES", 10 * 1024 * 1024, minimum=1024)
+LYCEUM_ARTIFACT_CHAT_MAX_BYTES = env_int(
+    "LYCEUM_ARTIFACT_CHAT_MAX_BYTES", 500 * 1024 * 1024, minimum=1024
+)
+LYCEUM_ARTIFACT_MAX_COUNT = env_int("LYCEUM_ARTIFACT_MAX_COUNT", 1000, minimum=1)
+LYCEUM_ATTACHMENT_KINDS = env_list(
+    "LYCEUM_ATTACHMENT_KINDS",
+    ["code", "markdown", "text", "html", "svg", "image", "pdf", "binary"],
+)
+# Text of attached files put into the message's context, at most (a note says when cut).
+LYCEUM_ATTACHMENT_CONTEXT_CHARS = env_int("LYCEUM_ATTACHMENT_CONTEXT_CHARS", 20_000, minimum=100)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from pathlib import Path
 
 import pytest
 from asgiref.sync import SyncToAsync
@@ -63,6 +65,8 @@ def pytest_configure(config):
     # PBKDF2 costs ~0.3 s per login; tests need no real hashing. Set process-wide
     # (not with the settings fixture) so forked live servers inherit it.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Artifact content of the whole run goes to one temporary folder (forks inherit it).
+    settings.MEDIA_ROOT = Path(tempfile.mkdtemp(prefix="lyceum-media-"))
 
 
 @pytest.fixture(scope="session", autouse=True)

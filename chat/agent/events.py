@@ -23,6 +23,7 @@ of the display channel. Every run ends with exactly one terminal event:
 | ``compacted`` | messages_before, summary |
 | ``context_usage`` | tokens, context_window |
 | ``input_taken`` | input_seq |
+| ``artifact`` | artifact_id, version_id, version, path, kind, language, size, source |
 | ``complete`` | input_tokens, output_tokens, usage_estimated, text |
 | ``cancelled`` | partial_text |
 | ``error`` | category, message, partial_text, status (failed / interrupted) |
@@ -177,6 +178,25 @@ class InputTaken(RunEvent):
 
 
 @dataclass(kw_only=True)
+class ArtifactSaved(RunEvent):
+    """A version of a chat's file was stored (a tool wrote it, or a reply's code block).
+
+    Written by the Django side (``chat.artifacts``), in the run's display log; API
+    followers get it like any other event of the run.
+    """
+
+    type: ClassVar[str] = "artifact"
+    artifact_id: str
+    version_id: str
+    version: int
+    path: str
+    kind: str
+    language: str = ""
+    size: int = 0
+    source: str = "file"
+
+
+@dataclass(kw_only=True)
 class Complete(RunEvent):
     type: ClassVar[str] = "complete"
     terminal: ClassVar[bool] = True
@@ -220,6 +240,7 @@ _EVENT_CLASSES: tuple[type[RunEvent], ...] = (
     Compacted,
     ContextUsage,
     InputTaken,
+    ArtifactSaved,
     Complete,
     Cancelled,
     Error,

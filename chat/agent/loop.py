@@ -26,11 +26,11 @@ from chat.agent import events as ev
 from chat.agent.hooks import HookContext, HookEvent, HookRegistry, HookResult
 from chat.agent.registry import ApprovalPolicy, ToolContext, ToolOutcome, ToolRegistry
 from chat.agent.subagent import DELEGATE, DELEGATE_SPEC, SubAgent
-from chat.agent.workspace import Workspace
+from chat.agent.workspace import WorkspaceFiles
 from chat.core import compact
 from chat.core.channels import LiveChannels, wrap_for_context
 from chat.core.eventlog import sanitize
-from chat.core.messages import ChatMessage, Role, ToolCall, assistant, tool_result
+from chat.core.messages import ChatMessage, Image, Role, ToolCall, assistant, tool_result
 from chat.core.prompts import EXPIRED_TEXT, USER_APPENDED_PREFIX, denied_text
 from chat.core.tokens import estimate_text_tokens, estimate_tokens
 from chat.core.voices import Voices, split_reply
@@ -61,6 +61,7 @@ class Decision:
 class QueuedText:
     text: str
     display_seq: int
+    images: tuple[Image, ...] = ()  # attached images, for models that take them
 
 
 @dataclass
@@ -127,7 +128,7 @@ class AgentLoop:
         tools: ToolRegistry,
         config: LoopConfig,
         *,
-        workspace: Workspace,
+        workspace: WorkspaceFiles,
         chat_id: str,
         hooks: HookRegistry | None = None,
         tool_policies: dict[str, str] | None = None,
@@ -256,7 +257,9 @@ class AgentLoop:
         for item in queued:
             # Display showed the message when it was sent; context gets it now. Mid-run
             # the model is told it was appended while it worked.
-            message = ChatMessage(role=Role.USER, content=item.text)
+            message = ChatMessage(
+                role=Role.USER, content=item.text, images=list(item.images) or None
+            )
             self.host.channels.push_context_only(message)
             shown = item.text if first_round else USER_APPENDED_PREFIX + item.text
             self.messages.append(message.copy(content=shown))

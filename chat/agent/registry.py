@@ -45,7 +45,7 @@ from chat.agent.schema import (
     params_from_signature,
     parse_docstring,
 )
-from chat.agent.workspace import Workspace
+from chat.agent.workspace import WorkspaceFiles
 
 DEFAULT_TIMEOUT = 30.0  # seconds, when neither the tool nor the caller says otherwise
 DEFAULT_MAX_OUTPUT_CHARS = 50_000  # longer results are cut so one call can't flood context
@@ -64,7 +64,7 @@ class ApprovalPolicy(StrEnum):
 class ToolContext:
     """What the runtime hands to a tool besides the model's arguments."""
 
-    workspace: Workspace
+    workspace: WorkspaceFiles
     chat_id: str = ""
     call_id: str = ""
     extras: dict[str, Any] = field(default_factory=dict)  # runtime services, e.g. a delegate

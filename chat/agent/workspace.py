@@ -1,4 +1,10 @@
-"""A per-chat directory of text files that the agent's file tools read and write.
+"""The files of a chat that the agent's file tools read and write.
+
+:class:`WorkspaceFiles` is what the tools need (read, write, edit, list); the run host
+side chooses the implementation. On the Django side it is the chat's artifacts
+(``chat.artifacts.ArtifactWorkspace``: every write a new version, seen by every
+process). :class:`Workspace` here is a plain directory, for the loop outside Django
+(tests, benchmarks).
 
 Every path the model sends is untrusted. ``Workspace.resolve`` is the single gate: it
 turns a model-supplied relative path into a real path under the root or raises
@@ -17,7 +23,7 @@ import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 DEFAULT_MAX_FILE_BYTES = 1024 * 1024
 DEFAULT_MAX_FILES = 500
@@ -49,6 +55,56 @@ class WriteResult:
 class EditResult:
     path: str
     bytes_written: int  # the size of the file after the edit
+
+
+class WorkspaceFiles(Protocol):
+    """What the file tools use. Every method raises :class:`WorkspaceError` with a
+    message for the model when it cannot do what was asked. Methods are synchronous:
+    tools run them in a worker thread, never on the event loop."""
+
+    def read(self, path: str) -> str: ...
+
+    def write(self, path: str, content: str) -> WriteResult: ...
+
+    def edit(self, path: str, old: str, new: str) -> EditResult: ...
+
+    def list(self) -> list[FileEntry]: ...
+
+
+def normalize_path(path: str) -> str:
+    """A model-supplied relative path checked and normalised (``a//./b`` → ``a/b``)."""
+    return "/".join(_split_relative_path(path))
+
+
+def replace_once(text: str, path: str, old: str, new: str) -> str:
+    """``text`` with the one occurrence of ``old`` replaced, or a WorkspaceError."""
+    if not old:
+        raise WorkspaceError("The text to replace ('old') must not be empty.")
+    if old == new:
+        raise WorkspaceError("'old' and 'new' are identical; nothing to change.")
+    count = text.count(old)
+    if count == 0:
+        raise WorkspaceError(
+            f"The text to replace was not found in {path!r}. It must match exactly, "
+            "including whitespace and line breaks; read the file first."
+        )
+    if count > 1:
+        raise WorkspaceError(
+            f"The text to replace occurs {count} times in {path!r}; nothing was changed. "
+            "Include more surrounding text so it matches exactly once."
+        )
+    return text.replace(old, new, 1)
+
+
+def decode_text(path: str, data: bytes) -> str:
+    """The text of a file's bytes, or a WorkspaceError saying it is not text."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WorkspaceError(f"{path!r} is not a UTF-8 text file (binary content).") from None
+    if "\x00" in text:
+        raise WorkspaceError(f"{path!r} is not a text file (it contains NUL bytes).")
+    return text
 
 
 class Workspace:
@@ -112,14 +168,7 @@ class Workspace:
             raise WorkspaceError(
                 f"{path!r} is {size} bytes, larger than the {self.max_file_bytes}-byte limit."
             )
-        data = target.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise WorkspaceError(f"{path!r} is not a UTF-8 text file (binary content).") from None
-        if "\x00" in text:
-            raise WorkspaceError(f"{path!r} is not a text file (it contains NUL bytes).")
-        return text
+        return decode_text(path, target.read_bytes())
 
     def edit(self, path: str, old: str, new: str) -> EditResult:
         """Replace the one exact occurrence of ``old`` with ``new``.
@@ -132,19 +181,7 @@ class Workspace:
             raise WorkspaceError("The text to replace ('old') must not be empty.")
         if old == new:
             raise WorkspaceError("'old' and 'new' are identical; nothing to change.")
-        text = self.read(path)
-        count = text.count(old)
-        if count == 0:
-            raise WorkspaceError(
-                f"The text to replace was not found in {path!r}. It must match exactly, "
-                "including whitespace and line breaks; read the file first."
-            )
-        if count > 1:
-            raise WorkspaceError(
-                f"The text to replace occurs {count} times in {path!r}; nothing was changed. "
-                "Include more surrounding text so it matches exactly once."
-            )
-        result = self.write(path, text.replace(old, new, 1))
+        result = self.write(path, replace_once(self.read(path), path, old, new))
         return EditResult(path=result.path, bytes_written=result.bytes_written)
 
     def list(self) -> list[FileEntry]:

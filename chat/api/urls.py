@@ -12,4 +12,16 @@ urlpatterns = [
         views.approval,
         name="api_approval",
     ),
+    path("chat/<str:session_id>/artifacts", views.artifacts_list, name="api_artifacts"),
+    path(
+        "chat/<str:session_id>/attachments",
+        views.attachment_upload,
+        name="api_attachment_upload",
+    ),
+    path("artifacts/<str:artifact_id>", views.artifact_detail, name="api_artifact"),
+    path(
+        "artifacts/<str:artifact_id>/versions/<int:number>/download",
+        views.artifact_download,
+        name="api_artifact_download",
+    ),
 ]

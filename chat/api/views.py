@@ -16,18 +16,34 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig, ValidationError
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.urls import reverse
+from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import actions, store
-from chat.access import ChatAction, access_chat
+from chat import actions, artifacts, store
+from chat.access import ChatAction, access_artifact, access_chat, access_version
 from chat.agent.events import TERMINAL_TYPES
 from chat.api.follow import RunFollower, follow_run
 from chat.apikeys import authenticate_key
-from chat.models import Run, ToolApproval
+from chat.core.artifacts import safe_filename
+from chat.models import Artifact, ArtifactVersion, Run, ToolApproval
 
 MAX_BODY_BYTES = 256 * 1024
-STATUS_BY_CODE = {"not_found": 404, "busy": 409, "unknown_model": 400, "no_agent": 503}
+STATUS_BY_CODE = {
+    "not_found": 404,
+    "busy": 409,
+    "unknown_model": 400,
+    "no_agent": 503,
+    "too_large": 413,
+    "chat_full": 413,
+}
 
 
 class ApiError(Exception):
@@ -73,8 +89,10 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 return await view(request, *args, **kwargs)
             except ApiError as exc:
                 return error_response(exc.status, exc.type, exc.message)
-            except Http404:
-                return error_response(404, "not_found", "No such chat session.")
+            except Http404 as exc:
+                what = "artifact" if "artifact" in str(exc) or "version" in str(exc) else "chat"
+                message = "No such artifact." if what == "artifact" else "No such chat session."
+                return error_response(404, "not_found", message)
             except actions.ActionError as exc:
                 kind = "not_found" if exc.code == "not_found" else "invalid_request_error"
                 return error_response(STATUS_BY_CODE.get(exc.code, 400), kind, exc.message)
@@ -124,7 +142,15 @@ def _send(user, data: dict[str, Any]) -> actions.SendResult:
         agent_slug=_field(data, "agent", str) or "",
         model=_field(data, "model", str) or "",
         thinking=_field(data, "thinking", bool, True),
+        attachments=_attachment_ids(data),
     )
+
+
+def _attachment_ids(data: dict[str, Any]) -> list[str]:
+    ids = _field(data, "attachments", list, [])
+    if not all(isinstance(i, str) for i in ids):
+        raise ApiError(400, "invalid_request_error", "'attachments' must be a list of ids.")
+    return ids
 
 
 async def _follow(user, data: dict[str, Any]) -> tuple[str, AsyncIterator[dict[str, Any]]]:
@@ -308,3 +334,104 @@ def _run_summary(user, session_id: str, run_id: str) -> dict[str, Any]:
         if terminal["type"] == "error":
             body["error"] = {"type": terminal["category"], "message": terminal["message"]}
     return body
+
+
+# --- artifacts -----------------------------------------------------------------------------------
+
+
+def _artifact_json(artifact: Artifact, request: HttpRequest) -> dict[str, Any]:
+    return {
+        "id": str(artifact.pk),
+        "path": artifact.path,
+        "kind": artifact.kind,
+        "language": artifact.language,
+        "source": artifact.source,
+        "size": artifact.size,
+        "versions": artifact.version_count,
+        "updated_at": artifact.updated_at.isoformat(),
+    }
+
+
+def _version_json(version: ArtifactVersion, request: HttpRequest) -> dict[str, Any]:
+    download = reverse("api_artifact_download", args=[version.artifact_id, version.number])
+    return {
+        "id": str(version.pk),
+        "number": version.number,
+        "size": version.size,
+        "sha256": version.sha256,
+        "kind": version.kind,
+        "language": version.language,
+        "content_type": version.mime,
+        "seq": version.seq,
+        "created_at": version.created_at.isoformat(),
+        "download_url": request.build_absolute_uri(download),
+    }
+
+
+def _list_artifacts(user, session_id: str, request: HttpRequest) -> dict[str, Any]:
+    chat = access_chat(user, session_id, ChatAction.VIEW)
+    rows = Artifact.objects.filter(chat=chat).order_by("-updated_at", "-pk")
+    return {"session_id": str(chat.pk), "artifacts": [_artifact_json(a, request) for a in rows]}
+
+
+@api_view(methods=("GET",))
+async def artifacts_list(request: HttpRequest, session_id: str) -> HttpResponse:
+    """``GET /api/v1/chat/<session_id>/artifacts``: the chat's artifacts, newest first."""
+    body = await database_sync_to_async(_list_artifacts)(request.api_user, session_id, request)
+    return JsonResponse(body)
+
+
+def _one_artifact(user, artifact_id: str, request: HttpRequest) -> dict[str, Any]:
+    artifact = access_artifact(user, artifact_id)
+    body = _artifact_json(artifact, request)
+    body["session_id"] = str(artifact.chat_id)
+    body["version_list"] = [_version_json(v, request) for v in artifact.versions.all()]
+    return body
+
+
+@api_view(methods=("GET",))
+async def artifact_detail(request: HttpRequest, artifact_id: str) -> HttpResponse:
+    """``GET /api/v1/artifacts/<id>``: one artifact with its versions."""
+    body = await database_sync_to_async(_one_artifact)(request.api_user, artifact_id, request)
+    return JsonResponse(body)
+
+
+@api_view(methods=("GET",))
+async def artifact_download(request: HttpRequest, artifact_id: str, number: int) -> HttpResponse:
+    """``GET /api/v1/artifacts/<id>/versions/<n>/download``: the content, as an attachment."""
+    version = await database_sync_to_async(access_version)(request.api_user, artifact_id, number)
+    data = await database_sync_to_async(artifacts.read_bytes)(version)
+    response = HttpResponse(data, content_type=version.mime)
+    response["Content-Disposition"] = content_disposition_header(
+        True, safe_filename(version.artifact.path)
+    )
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "sandbox; default-src 'none'"
+    return response
+
+
+@api_view()
+async def attachment_upload(request: HttpRequest, session_id: str) -> HttpResponse:
+    """``POST /api/v1/chat/<session_id>/attachments`` (multipart, field ``file``): an id.
+
+    Send it with a message as ``"attachments": [id]`` in ``POST /api/v1/chat``.
+    """
+    upload = request.FILES.get("file")
+    if upload is None:
+        raise ApiError(400, "invalid_request_error", "Send the file as multipart field 'file'.")
+    name = upload.name or "file"
+    data = await database_sync_to_async(upload.read)()
+    version = await database_sync_to_async(actions.attach_file)(
+        request.api_user, session_id, name, data
+    )
+    return JsonResponse(
+        {
+            "id": str(version.pk),
+            "artifact_id": str(version.artifact_id),
+            "path": version.artifact.path,
+            "kind": version.kind,
+            "size": version.size,
+            "version": version.number,
+        },
+        status=201,
+    )

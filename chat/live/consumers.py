@@ -148,10 +148,14 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self.subscription.resync(last_seq)
 
     async def do_send(self, frame: dict[str, Any]) -> None:
+        attached = frame.get("attachments") or []
+        if isinstance(attached, str):  # one hidden input: htmx sends a string, not a list
+            attached = [attached]
         await self._act(
             actions.send_message,
             str(frame.get("message") or ""),
             str(frame.get("client_id") or ""),
+            attachments=[str(a) for a in attached if isinstance(a, str)][:20],
         )
         await self.send(text_data=fragments.composer_reset(self.chat_id))
 

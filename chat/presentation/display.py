@@ -28,7 +28,15 @@ SENDER_PALETTE = 8
 ITEM_CACHE_SIZE = 2048
 MAIN_AGENT_LABEL = "Assistant"
 # Event kinds shown as items of their own (besides messages).
-ITEM_KINDS = {"compacted", "complete", "cancelled", "error", "model_switched", "scene"}
+ITEM_KINDS = {
+    "compacted",
+    "complete",
+    "cancelled",
+    "error",
+    "model_switched",
+    "scene",
+    "artifact",
+}
 CALL_EVENT_KINDS = ("tool_start", "tool_end", "approval_required", "approval_decided")
 STATUS_LABELS = {
     "waiting": "waiting",

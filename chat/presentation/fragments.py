@@ -14,7 +14,7 @@ from typing import Any
 
 from django.template.loader import render_to_string
 
-from chat import store
+from chat import artifacts, store
 from chat.catalog import available_models
 from chat.core.voices import Voices, VoiceSplitter
 from chat.presentation import display
@@ -110,6 +110,17 @@ def composer_reset(chat_id: str) -> str:
     return _oob("chat/_composer.html", chat_id=chat_id)
 
 
+def artifacts_panel(chat_id: str) -> str:
+    """The chat's artifacts panel as it stands (read now: it lists the newest)."""
+    return _oob("chat/_artifacts_panel.html", chat_id=chat_id, panel=artifacts.panel(chat_id))
+
+
+def _changes_artifacts(event: StoredEvent) -> bool:
+    if event.kind == "artifact":
+        return True
+    return event.kind == "msg" and bool((event.payload.get("extra") or {}).get("attachments"))
+
+
 def _status_for(event: StoredEvent) -> str | None:
     p = event.payload
     match event.kind:
@@ -188,6 +199,8 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
         parts.append(run_status(status))
     if busy is not None:
         parts.append(controls(busy, chat_id))
+    if any(_changes_artifacts(event) for event in events):
+        parts.append(artifacts_panel(chat_id))
     if events:
         parts.append(seq_marker(events[-1].seq))
     return "".join(parts)

@@ -34,7 +34,6 @@ from chat.agent.hooks import HookRegistry
 from chat.agent.loop import AgentLoop, Decision, LoopConfig, LoopOutcome
 from chat.agent.registry import ToolRegistry
 from chat.agent.subagent import DELEGATE
-from chat.agent.workspace import Workspace
 from chat.catalog import ResolvedModel, UnknownModel, close_providers, resolve_model
 from chat.core.messages import ChatMessage
 from chat.core.voices import Voices, cast_instructions
@@ -45,6 +44,7 @@ from chat.runhost import transitions
 from chat.runhost.host import DjangoRunHost, partial_message
 from chat.runhost.keeper import KeptRun, keeper
 from chat.runhost.setup import RunSetup, setup_for
+from chat.runhost.workspace import ArtifactWorkspace
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +299,10 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
             tool_timeout=settings.LYCEUM_TOOL_TIMEOUT,
             voices=voices,
         ),
-        workspace=Workspace(settings.LYCEUM_WORKSPACE_ROOT / str(prepared.chat.pk)),
+        # The chat's artifacts: every process sees the same files.
+        workspace=ArtifactWorkspace(
+            prepared.chat.pk, run_id=run_id, loop=asyncio.get_running_loop()
+        ),
         chat_id=str(prepared.chat.pk),
         hooks=hook_registry(),
         tool_policies=prepared.policies,

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from chat import store
+from chat import artifacts, store
 from chat.agent import events as ev
 from chat.agent.loop import QueuedText
 from chat.core.channels import LiveChannels
@@ -200,6 +200,7 @@ class DjangoRunHost:
     def _commit(self, new_display: list[ChatMessage]) -> dict[str, Any] | None:
         with transaction.atomic():
             rows = store.append_display_messages(self.chat_id, new_display)
+            rows += self._keep_code_blocks(new_display, rows)
             self.persisted = store.persist_context(
                 self.chat_id, self.channels.context, self.persisted
             )
@@ -207,6 +208,17 @@ class DjangoRunHost:
                 # The streamed reply is now a message: the checkpoint starts over.
                 Run.objects.filter(pk=self.run.pk).update(partial_text="", partial_reasoning="")
         return events_doorbell(self.chat_id, rows) if rows else None
+
+    def _keep_code_blocks(self, messages: list[ChatMessage], rows: list) -> list:
+        """Substantial code blocks of the replies just written become artifact versions."""
+        cards = []
+        for message, row in zip(messages, rows, strict=True):
+            fenced = "```" in message.content or "~~~" in message.content
+            if message.role == "assistant" and not message.tool_calls and fenced:
+                cards += artifacts.save_code_blocks(
+                    self.chat_id, message.content, row.seq, run_id=str(self.run.pk)
+                )
+        return cards
 
     async def stream_update(self, text: str, reasoning: str) -> None:
         self.partial = (text, reasoning)  # the keeper checkpoints it (chat.keeper)
@@ -302,7 +314,10 @@ class DjangoRunHost:
             QueuedInput.objects.filter(pk__in=[r.pk for r in rows]).update(
                 consumed=True, run=self.run
             )
-        return [QueuedText(r.content, r.display_seq or 0) for r in rows]
+        return [
+            QueuedText(r.content, r.display_seq or 0, artifacts.images_for_model(r.images))
+            for r in rows
+        ]
 
     async def system_prompt(self) -> str:
         today = timezone.now().strftime("%A %d %B %Y")

@@ -3,6 +3,7 @@ import json
 from django import template
 from django.utils.safestring import mark_safe
 
+from chat.artifacts import human_size
 from chat.presentation.markdown import render_markdown_uncached
 
 register = template.Library()
@@ -20,3 +21,14 @@ def pretty_json(value) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+@register.filter
+def filesize(value) -> str:
+    """``1.2 KB``: an artifact's size as people read it."""
+    return human_size(int(value or 0))
+
+
+@register.filter
+def basename(path: str) -> str:
+    return str(path or "").rsplit("/", 1)[-1]

@@ -66,7 +66,7 @@ def wait_for_both_speaking(page: Page) -> tuple[str, str]:
 
 def test_two_labelled_speakers_stream_live_and_survive_a_reload(page, serve, alice):
     ensure_panel_agent()
-    base = serve(token_delay=0.05)
+    base = serve(token_delay=0.15)  # Basil speaks for 3 s: long enough for a reload mid-reply
     login(page, base, "alice")
     chat_id = start_panel_chat(page, base)
     page.get_by_role("textbox", name="Message").fill("panel: why is the sky blue?")

@@ -33,7 +33,7 @@ from chat import access, actions, store
 from chat.core.messages import ChatMessage
 from chat.live import subscription
 from chat.live.layers import live_layer
-from chat.models import ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
+from chat.models import Artifact, ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chat.presentation import display, fragments
 from chat.presentation.fragments import REPLAY_BATCH
 from chat.runhost import executor
@@ -857,17 +857,17 @@ async def test_approval_answers_over_the_socket_resume_the_run(alice, agent, set
     await settle()
 
     (reply,) = [p for p in items(pieces) if is_assistant(p)]
-    written = settings.LYCEUM_WORKSPACE_ROOT / str(chat.pk) / "notes.md"
+    written = Artifact.objects.filter(chat_id=chat.pk, path="notes.md")  # the chat's files
     approval = await ToolApproval.objects.aget(call_id=call_id)
     grants = [g.tool_name async for g in ChatToolGrant.objects.filter(chat_id=chat.pk)]
     if decision == "deny":
         assert "keep my folder tidy" in reply.text
         assert approval.status == ToolApproval.Status.DENIED
         assert "Denied: “keep my folder tidy”" in "".join(socket.frames)
-        assert not written.exists() and grants == []
+        assert not await written.aexists() and grants == []
     else:
         assert approval.status == ToolApproval.Status.APPROVED
-        assert written.exists()
+        assert await written.aexists()
         assert grants == (["write_file"] if decision == "always" else [])
     assert (await Run.objects.aget(chat_id=chat.pk)).status == Run.Status.COMPLETED
     # Answering again changes nothing.
@@ -882,7 +882,7 @@ async def test_approval_answers_over_the_socket_resume_the_run(alice, agent, set
         await settle()
         assert "Approve" not in "".join(socket.frames[seen:])
         assert await ToolApproval.objects.filter(chat_id=chat.pk).acount() == 1
-        assert (settings.LYCEUM_WORKSPACE_ROOT / str(chat.pk) / "draft.md").exists()
+        assert await Artifact.objects.filter(chat_id=chat.pk, path="draft.md").aexists()
     assert item_seqs(socket.pieces) == await adb(expected_item_seqs)(chat.pk)
     await socket.close()
 

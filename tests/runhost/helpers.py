@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -19,8 +20,9 @@ from django.utils import timezone
 from chat import actions, store
 from chat.agent.events import TERMINAL_TYPES
 from chat.core import eventlog
-from chat.models import ChatEvent, ChatSession, Run, ToolApproval
+from chat.models import Artifact, ChatEvent, ChatSession, Run, ToolApproval
 from chat.runhost import executor, transitions
+from chat.runhost.workspace import ArtifactWorkspace
 
 WAIT = 15.0  # upper bound on any single wait; runs here take well under a second
 API_KEY = "sk-test-secret-0123456789abcdef"
@@ -139,8 +141,26 @@ def pending_approvals(chat) -> list[ToolApproval]:
     )
 
 
-def workspace_file(settings, chat, name: str):
-    return settings.LYCEUM_WORKSPACE_ROOT / str(chat.pk) / name
+class _WorkspaceFile:
+    """A file of the chat's workspace, which is its artifacts (read from another thread:
+    the tests calling ``exists()`` run on the event loop)."""
+
+    def __init__(self, chat_id, name: str) -> None:
+        self.chat_id, self.name = chat_id, name
+
+    def exists(self) -> bool:
+        query = Artifact.objects.filter(chat_id=self.chat_id, path=self.name).exists
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(query).result()
+
+    def read_text(self) -> str:
+        workspace = ArtifactWorkspace(self.chat_id)
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(workspace.read, self.name).result()
+
+
+def workspace_file(settings, chat, name: str) -> _WorkspaceFile:
+    return _WorkspaceFile(chat.pk, name)
 
 
 def running_run(chat, *, partial: str, heartbeat_age: float | None) -> Run:

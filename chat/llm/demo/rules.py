@@ -17,7 +17,7 @@ table that matches wins (keywords are case-insensitive whole words):
 | --- | --- |
 | `calculate 12*7`, `calc 2^10`, `what is 12*7` | calls `calculator(expression)` |
 | `time` | calls `current_time()` |
-| `write file notes.md`, `write a file` | calls `write_file(path, content)`: a short markdown draft (asks for approval); add "then read it" to chain a `read_file` |
+| `write file notes.md`, `write a file` | calls `write_file(path, content)`: a short markdown draft (asks for approval); add "then read it" to chain a `read_file`; `write file page.html` writes a small HTML page whose script tries to reach its parent page and cookies |
 | `edit file notes.md` | calls `edit_file(path, old, new)`: "Status: draft" → "Status: final" |
 | `read file notes.md` / `list files` | calls `read_file(path)` / `list_files()` |
 | `delegate …`, `sub-agent …` | calls `delegate(task, label)` with the rest of the message as the task |

@@ -28,7 +28,28 @@ def quote(text: str, limit: int = 60) -> str:
     return cut + "…"
 
 
+# What ``write file page.html`` writes: a page whose script tries to reach the app that
+# shows it (its parent page and its cookies) and says on its own page what it got. In the
+# sandboxed preview both fail; the browser tests read the verdict inside the frame.
+HTML_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>Demo page</title></head>
+<body>
+<h1>Demo page</h1>
+<p id="verdict">script not run</p>
+<script>
+var found = [];
+try { found.push("parent: " + window.parent.document.title); window.parent.document.body.dataset.pwned = "1"; }
+catch (e) { found.push("parent blocked"); }
+try { found.push("cookies: " + document.cookie); } catch (e) { found.push("cookies blocked"); }
+document.getElementById("verdict").textContent = "script ran; " + found.join("; ");
+</script>
+</body></html>
+"""
+
+
 def draft_document(path: str, user_text: str) -> str:
+    if path.lower().endswith(".html"):
+        return HTML_PAGE
     stem = re.sub(r"[-_]+", " ", path.rsplit("/", 1)[-1].split(".")[0]).strip() or "Notes"
     return (
         f"# {stem.title()}\n\n"

@@ -1,0 +1,14 @@
+// The artifact page: "Copy" copies the version's source text.
+(function () {
+  "use strict";
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest && event.target.closest("button.copy-source");
+    if (!button) return;
+    const source = document.getElementById(button.dataset.copyTarget);
+    if (!source || !navigator.clipboard) return;
+    navigator.clipboard.writeText(source.value).then(() => {
+      button.textContent = "Copied";
+      setTimeout(() => { button.textContent = "Copy"; }, 1500);
+    }, () => {});
+  });
+})();
