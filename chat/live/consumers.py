@@ -24,6 +24,7 @@ from chat.access import ChatAction, access_chat
 from chat.live.direct import DirectDispatch
 from chat.live.doorbell import chat_group
 from chat.live.layers import live_layer_alias
+from chat.live.sessions import session_user, user_group
 from chat.live.subscription import ChatSubscription
 from chat.presentation import fragments
 from chat.runhost import executor
@@ -49,6 +50,8 @@ WRITE_ACTIONS = {
 class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     chat_id: str
     subscription: ChatSubscription
+    # Set when a re-check finds the socket's login gone: the close code to use.
+    session_ended: int = 0
 
     @property
     def channel_layer_alias(self) -> str:  # read by Channels as the consumer starts
@@ -67,10 +70,13 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             self.chat_id,
             send=self._send_html,
             may_view=lambda: self._allowed(ChatAction.VIEW),
-            on_access_lost=lambda: self.close(code=CLOSE_FORBIDDEN),
+            on_access_lost=lambda: self.close(code=self.session_ended or CLOSE_FORBIDDEN),
         )
         self.group = chat_group(self.chat_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        # Logout, a password change or a deactivation rings here (chat.live.sessions).
+        self.user_group = user_group(user.pk)
+        await self.channel_layer.group_add(self.user_group, self.channel_name)
         await self.accept()
         executor.ensure_sweeper()
 
@@ -79,6 +85,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             self.subscription.close()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if hasattr(self, "user_group"):
+            await self.channel_layer.group_discard(self.user_group, self.channel_name)
 
     async def _send_html(self, html: str) -> None:
         await self.send(text_data=html)
@@ -105,6 +113,9 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             return
         needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
         if not await self._allowed(needed):
+            if self.session_ended:  # logged out, password changed, or deactivated
+                await self.close(code=self.session_ended)
+                return
             if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
                 # A watcher (say, a teacher) keeps the live view; only the write is refused.
                 await self._notice("You can only watch this chat.")
@@ -124,21 +135,21 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         return await database_sync_to_async(self._check_access)(action)
 
     def _check_access(self, action: ChatAction) -> bool:
-        user = self.scope["user"]
+        # The scope's user was read once, at connect: a session ended since (logout, a
+        # password change elsewhere) or a user deactivated must not go on through it.
+        user, self.session_ended = session_user(self.scope)
+        if user is None:
+            return False
+        self.user = user
         try:
-            # The scope's user was read once, at connect: a user deactivated (or deleted)
-            # since must not go on acting through a socket opened before.
-            user.refresh_from_db(fields=["is_active"])
             access_chat(user, self.chat_id, action)
         except (Http404, ObjectDoesNotExist):
             return False
         return True
 
     async def _act(self, action, *args: Any, **kwargs: Any) -> Any:
-        """Run one action as this socket's user, on this socket's chat."""
-        return await database_sync_to_async(action)(
-            self.scope["user"], self.chat_id, *args, **kwargs
-        )
+        """Run one action as this socket's user (as last checked), on this socket's chat."""
+        return await database_sync_to_async(action)(self.user, self.chat_id, *args, **kwargs)
 
     async def do_resync(self, frame: dict[str, Any]) -> None:
         try:
@@ -193,6 +204,14 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         )
 
     # --- pushes from the chat's group -----------------------------------------------------
+
+    async def user_session_check(self, event: dict[str, Any]) -> None:
+        """The user logged out, changed the password or was deactivated somewhere."""
+        if not await self._allowed(ChatAction.VIEW):
+            if hasattr(self, "subscription"):
+                self.subscription.access_lost = True
+                self.subscription.close()
+            await self.close(code=self.session_ended or CLOSE_FORBIDDEN)
 
     async def chat_events(self, event: dict[str, Any]) -> None:
         await self.subscription.on_events(event)
