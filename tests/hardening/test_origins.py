@@ -151,3 +151,17 @@ def test_a_wildcard_or_null_origin_stops_start_up_outside_debug(env, message):
 def test_exact_origins_start_up():
     result = _settings_check(LYCEUM_TRUSTED_ORIGINS="https://lyceum.example.org")
     assert result.returncode == 0, result.stderr
+
+
+def test_debug_is_off_unless_asked_for():
+    clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY"}}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
