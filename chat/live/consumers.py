@@ -9,7 +9,6 @@ cursor and reads the log when a doorbell does not follow on from what the page h
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -21,6 +20,7 @@ from django.http import Http404
 
 from chat import actions
 from chat.access import ChatAction, access_chat
+from chat.inputs import BadInput, parse_object
 from chat.live.direct import DirectDispatch
 from chat.live.doorbell import chat_group
 from chat.live.layers import live_layer_alias
@@ -45,6 +45,16 @@ WRITE_ACTIONS = {
     "regenerate",
     "edit_last",
 }
+
+
+def _text(frame: dict[str, Any], name: str) -> str:
+    """A text field of a frame ("" when absent); any other type is refused with a message."""
+    value = frame.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise actions.ActionError(f"“{name}” must be text.")
+    return value
 
 
 class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
@@ -99,14 +109,13 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await self._notice("That message is too large to send.")
             return
         try:
-            frame = json.loads(raw)
-        except (ValueError, RecursionError):  # deep nesting exhausts the parser's stack
-            await self._notice("The page sent something unreadable.")
+            # Deep nesting, NUL characters, lone surrogates, huge numbers: refused here.
+            frame = parse_object(raw)
+        except BadInput as exc:
+            await self._notice(f"The page sent something unreadable: {exc.message}")
             return
-        if not isinstance(frame, dict):
-            await self._notice("The page sent something unreadable.")
-            return
-        action = str(frame.get("action") or "")
+        action = frame.get("action")
+        action = action if isinstance(action, str) else ""
         handler = getattr(self, f"do_{action}", None) if action.isidentifier() else None
         if handler is None:
             await self._notice(f"Unknown action “{action[:40]}”.")
@@ -127,6 +136,10 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await handler(frame)
         except actions.ActionError as exc:
             await self._notice(exc.message)
+        except Exception:
+            # One failed action must not take the socket (and the page's live view) down.
+            logger.exception("socket action %r on chat %s failed", action, self.chat_id)
+            await self._notice("That did not work because of an error on the server; try again.")
 
     async def _notice(self, message: str) -> None:
         await self.send(text_data=fragments.error_notice(message))
@@ -161,8 +174,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def do_send(self, frame: dict[str, Any]) -> None:
         await self._act(
             actions.send_message,
-            str(frame.get("message") or ""),
-            str(frame.get("client_id") or ""),
+            _text(frame, "message"),
+            _text(frame, "client_id"),
         )
         await self.send(text_data=fragments.composer_reset(self.chat_id))
 
@@ -172,9 +185,9 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def _decide(self, frame: dict[str, Any], *, approve: bool, always: bool = False):
         await self._act(
             actions.decide_approval,
-            str(frame.get("call_id") or ""),
+            _text(frame, "call_id"),
             approve=approve,
-            reason=str(frame.get("reason") or ""),
+            reason=_text(frame, "reason"),
             always=always,
         )
 
@@ -188,7 +201,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self._decide(frame, approve=False)
 
     async def do_switch_model(self, frame: dict[str, Any]) -> None:
-        await self._act(actions.switch_model, str(frame.get("model") or ""))
+        await self._act(actions.switch_model, _text(frame, "model"))
 
     async def do_compact(self, frame: dict[str, Any]) -> None:
         await self._act(actions.request_compaction)
@@ -199,8 +212,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def do_edit_last(self, frame: dict[str, Any]) -> None:
         await self._act(
             actions.edit_last_message,
-            str(frame.get("message") or ""),
-            str(frame.get("client_id") or ""),
+            _text(frame, "message"),
+            _text(frame, "client_id"),
         )
 
     # --- pushes from the chat's group -----------------------------------------------------
@@ -218,3 +231,10 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
 
     async def chat_stream(self, event: dict[str, Any]) -> None:
         await self.subscription.on_stream(event)
+
+
+class UnknownSocket(AsyncWebsocketConsumer):
+    """Any other socket path (or a chat id that is not one): refused, without a traceback."""
+
+    async def connect(self) -> None:
+        await self.close(code=CLOSE_NOT_FOUND)
