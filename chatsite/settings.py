@@ -228,6 +228,10 @@ if not DEBUG:
 if LYCEUM_TRUST_X_FORWARDED_PROTO:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+# Debug pages and error reports mask credentials in settings (DATABASE_URL, REDIS_URL, ...)
+# and keys in frame variables.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "chatsite.debug.SafeReporterFilter"
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
