@@ -43,7 +43,7 @@ def check_text(value: str, what: str = "The text") -> str:
     return value
 
 
-def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+def check_value(value: Any, *, max_depth: int = MAX_DEPTH, finite: bool = True) -> None:
     """Walk parsed JSON (iteratively) and refuse what cannot be stored."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
@@ -58,7 +58,7 @@ def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
             if abs(item) > MAX_INT:
                 raise BadInput("A number in the JSON is too large.")
         elif isinstance(item, float):
-            if not math.isfinite(item):
+            if finite and not math.isfinite(item):
                 raise BadInput("A number in the JSON is not finite (NaN or too large).")
         elif isinstance(item, dict):
             for key, child in item.items():
@@ -68,8 +68,12 @@ def check_value(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
             stack.extend((child, depth + 1) for child in item)
 
 
-def parse_object(raw: str | bytes) -> dict[str, Any]:
-    """A JSON object from ``raw``, checked; :class:`BadInput` otherwise."""
+def parse_object(raw: str | bytes, *, finite: bool = True) -> dict[str, Any]:
+    """A JSON object from ``raw``, checked; :class:`BadInput` otherwise.
+
+    ``finite=False`` lets NaN and infinities through (the socket reads a resync cursor
+    of ``1e999`` as "from the start").
+    """
     try:
         data = json.loads(raw)
     except RecursionError:
@@ -78,5 +82,5 @@ def parse_object(raw: str | bytes) -> dict[str, Any]:
         raise BadInput("The body must be JSON.") from None
     if not isinstance(data, dict):
         raise BadInput("The body must be a JSON object.")
-    check_value(data)
+    check_value(data, finite=finite)
     return data

@@ -110,7 +110,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             return
         try:
             # Deep nesting, NUL characters, lone surrogates, huge numbers: refused here.
-            frame = parse_object(raw)
+            frame = parse_object(raw, finite=False)
         except BadInput as exc:
             await self._notice(f"The page sent something unreadable: {exc.message}")
             return
