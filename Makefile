@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
+# `make run` is for development: it asks for DEBUG (off unless asked for).
+DEBUG ?= 1
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/lyceum
 
 .PHONY: run test test-fast lint typecheck format chromium bench clean
@@ -17,6 +19,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
+run: export DEBUG := $(DEBUG)
 run: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0

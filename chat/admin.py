@@ -34,10 +34,31 @@ class ProviderModelInline(admin.TabularInline):
     fields = ["alias", "model_id", "context_window", "enabled"]
 
 
+class ProviderForm(forms.ModelForm):
+    class Meta:
+        model = Provider
+        fields = ["name", "kind", "base_url", "api_key", "enabled"]
+
+    def clean(self):
+        data = super().clean()
+        if (
+            self.instance.pk
+            and "base_url" in self.changed_data
+            and not data.get("api_key")
+            and Provider.objects.filter(pk=self.instance.pk).exclude(api_key="").exists()
+        ):
+            # A key must never follow a URL change to a new host.
+            self.add_error(
+                "api_key", "Changing the base URL needs the key entered again (or a new one)."
+            )
+        return data
+
+
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin):
     """Base URLs and keys are admin-only: nothing else in the app shows or edits them."""
 
+    form = ProviderForm
     list_display = ["name", "kind", "base_url", "enabled"]
     inlines = [ProviderModelInline]
 

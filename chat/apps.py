@@ -4,3 +4,8 @@ from django.apps import AppConfig
 class ChatConfig(AppConfig):
     name = "chat"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from chat.live import sessions
+
+        sessions.connect_signals()

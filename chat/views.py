@@ -223,6 +223,9 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             return redirect("api_keys")
         _key, new_key = create_api_key(request.user, request.POST.get("name", "").strip())
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
-    return render(
+    response = render(
         request, "chat/api_keys.html", {"keys": keys, "new_key": new_key, "now": timezone.now()}
     )
+    # The new key is shown once: no cache (nor the back button) may keep the page.
+    response["Cache-Control"] = "no-store"
+    return response

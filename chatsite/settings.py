@@ -1,9 +1,10 @@
 """Lyceum settings: one module, driven by the environment.
 
 Embedded defaults (SQLite, in-memory channel layer, the offline demo model) make
-``make run`` work with nothing configured. Production switches on with
-``DEBUG=0`` plus ``SECRET_KEY``, ``ALLOWED_HOSTS`` and usually ``DATABASE_URL`` /
-``REDIS_URL``. Every value is validated here; a bad one stops start-up.
+``make run`` work with nothing else configured; it asks for ``DEBUG=1``. Without
+``DEBUG`` the settings are production's: ``SECRET_KEY``, ``ALLOWED_HOSTS`` and
+usually ``DATABASE_URL`` / ``REDIS_URL`` must be given. Every value is validated
+here; a bad one stops start-up.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from chatsite.env import (
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-DEBUG = env_bool("DEBUG", True)
+# Off unless asked for: a forgotten variable must not serve debug pages in production.
+DEBUG = env_bool("DEBUG", False)
 
 _DEV_SECRET = "lyceum-insecure-development-key-change-me-0123456789abcdefghijklmnop"
 SECRET_KEY = env_str("SECRET_KEY")
@@ -36,7 +38,26 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
 if not DEBUG and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG is off")
+if not DEBUG and "*" in ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must name the hosts when DEBUG is off, not '*'")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+# Origins (scheme://host[:port]) whose pages may open the chat socket, besides the page's
+# own origin (the socket's Host): compared exactly (chatsite/origins.py). Behind a proxy
+# that terminates TLS, list the public origin here (the socket itself arrives as ws://).
+LYCEUM_TRUSTED_ORIGINS = env_list("LYCEUM_TRUSTED_ORIGINS", CSRF_TRUSTED_ORIGINS)
+for _origin in LYCEUM_TRUSTED_ORIGINS:
+    if not DEBUG and "*" in _origin:
+        raise ImproperlyConfigured(
+            f"LYCEUM_TRUSTED_ORIGINS and CSRF_TRUSTED_ORIGINS take exact origins when DEBUG is"
+            f" off; {_origin!r} has a wildcard"
+        )
+    if _origin.lower() == "null" or "://" not in _origin:
+        raise ImproperlyConfigured(
+            f"LYCEUM_TRUSTED_ORIGINS takes origins like https://chat.example.org, got {_origin!r}"
+        )
+# Trust X-Forwarded-Proto only when a proxy in front sets it (and strips the client's own):
+# otherwise any client could claim HTTPS.
+LYCEUM_TRUST_X_FORWARDED_PROTO = env_bool("LYCEUM_TRUST_X_FORWARDED_PROTO", False)
 
 INSTALLED_APPS = [
     "daphne",  # before staticfiles: makes runserver serve ASGI
@@ -207,7 +228,12 @@ if not DEBUG:
     SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)
+if LYCEUM_TRUST_X_FORWARDED_PROTO:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Debug pages and error reports mask credentials in settings (DATABASE_URL, REDIS_URL, ...)
+# and keys in frame variables.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "chatsite.debug.SafeReporterFilter"
 
 LOGGING = {
     "version": 1,

@@ -8,6 +8,7 @@ user's session is 404, exactly like one that does not exist.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import wraps
@@ -33,7 +34,10 @@ from chat.agent.events import TERMINAL_TYPES
 from chat.api.follow import RunFollower, follow_run
 from chat.apikeys import authenticate_key
 from chat.core.artifacts import safe_filename
+from chat.inputs import BadInput, parse_object, text_problem
 from chat.models import Artifact, ArtifactVersion, Run, ToolApproval
+
+logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024
 STATUS_BY_CODE = {
@@ -85,6 +89,10 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 response["WWW-Authenticate"] = "Bearer"
                 return response
             request.api_user = user
+            if any(isinstance(v, str) and text_problem(v) for v in kwargs.values()):
+                return error_response(
+                    400, "invalid_request_error", "The URL holds characters that are not allowed."
+                )
             try:
                 return await view(request, *args, **kwargs)
             except ApiError as exc:
@@ -96,6 +104,14 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
             except actions.ActionError as exc:
                 kind = "not_found" if exc.code == "not_found" else "invalid_request_error"
                 return error_response(STATUS_BY_CODE.get(exc.code, 400), kind, exc.message)
+            except BadInput as exc:
+                return error_response(400, "invalid_request_error", exc.message)
+            except Exception:
+                # A client of the API reads JSON, never Django's HTML error page.
+                logger.exception("API %s %s failed", request.method, request.path)
+                return error_response(
+                    500, "internal_error", "Something went wrong on the server; try again."
+                )
 
         return wrapper
 
@@ -111,13 +127,9 @@ def read_json(request: HttpRequest) -> dict[str, Any]:
         raise too_large from None
     if len(body) > MAX_BODY_BYTES:
         raise too_large
-    try:
-        data = json.loads(body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "invalid_request_error", "The body must be JSON.") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "invalid_request_error", "The body must be a JSON object.")
-    return data
+    # Deep nesting, NUL characters, lone surrogates, huge numbers: a 400 here (BadInput),
+    # never an error from the database after half of the request was written.
+    return parse_object(body or b"{}")
 
 
 def _field(data: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:

@@ -9,7 +9,6 @@ cursor and reads the log when a doorbell does not follow on from what the page h
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -21,9 +20,11 @@ from django.http import Http404
 
 from chat import actions
 from chat.access import ChatAction, access_chat
+from chat.inputs import BadInput, parse_object
 from chat.live.direct import DirectDispatch
 from chat.live.doorbell import chat_group
 from chat.live.layers import live_layer_alias
+from chat.live.sessions import session_user, user_group
 from chat.live.subscription import ChatSubscription
 from chat.presentation import fragments
 from chat.runhost import executor
@@ -46,9 +47,21 @@ WRITE_ACTIONS = {
 }
 
 
+def _text(frame: dict[str, Any], name: str) -> str:
+    """A text field of a frame ("" when absent); any other type is refused with a message."""
+    value = frame.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise actions.ActionError(f"“{name}” must be text.")
+    return value
+
+
 class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     chat_id: str
     subscription: ChatSubscription
+    # Set when a re-check finds the socket's login gone: the close code to use.
+    session_ended: int = 0
 
     @property
     def channel_layer_alias(self) -> str:  # read by Channels as the consumer starts
@@ -67,10 +80,13 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             self.chat_id,
             send=self._send_html,
             may_view=lambda: self._allowed(ChatAction.VIEW),
-            on_access_lost=lambda: self.close(code=CLOSE_FORBIDDEN),
+            on_access_lost=lambda: self.close(code=self.session_ended or CLOSE_FORBIDDEN),
         )
         self.group = chat_group(self.chat_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        # Logout, a password change or a deactivation rings here (chat.live.sessions).
+        self.user_group = user_group(user.pk)
+        await self.channel_layer.group_add(self.user_group, self.channel_name)
         await self.accept()
         executor.ensure_sweeper()
 
@@ -79,6 +95,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             self.subscription.close()
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if hasattr(self, "user_group"):
+            await self.channel_layer.group_discard(self.user_group, self.channel_name)
 
     async def _send_html(self, html: str) -> None:
         await self.send(text_data=html)
@@ -91,20 +109,22 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await self._notice("That message is too large to send.")
             return
         try:
-            frame = json.loads(raw)
-        except (ValueError, RecursionError):  # deep nesting exhausts the parser's stack
-            await self._notice("The page sent something unreadable.")
+            # Deep nesting, NUL characters, lone surrogates, huge numbers: refused here.
+            frame = parse_object(raw, finite=False)
+        except BadInput as exc:
+            await self._notice(f"The page sent something unreadable: {exc.message}")
             return
-        if not isinstance(frame, dict):
-            await self._notice("The page sent something unreadable.")
-            return
-        action = str(frame.get("action") or "")
+        action = frame.get("action")
+        action = action if isinstance(action, str) else ""
         handler = getattr(self, f"do_{action}", None) if action.isidentifier() else None
         if handler is None:
             await self._notice(f"Unknown action “{action[:40]}”.")
             return
         needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
         if not await self._allowed(needed):
+            if self.session_ended:  # logged out, password changed, or deactivated
+                await self.close(code=self.session_ended)
+                return
             if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
                 # A watcher (say, a teacher) keeps the live view; only the write is refused.
                 await self._notice("You can only watch this chat.")
@@ -116,6 +136,10 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await handler(frame)
         except actions.ActionError as exc:
             await self._notice(exc.message)
+        except Exception:
+            # One failed action must not take the socket (and the page's live view) down.
+            logger.exception("socket action %r on chat %s failed", action, self.chat_id)
+            await self._notice("That did not work because of an error on the server; try again.")
 
     async def _notice(self, message: str) -> None:
         await self.send(text_data=fragments.error_notice(message))
@@ -124,21 +148,21 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         return await database_sync_to_async(self._check_access)(action)
 
     def _check_access(self, action: ChatAction) -> bool:
-        user = self.scope["user"]
+        # The scope's user was read once, at connect: a session ended since (logout, a
+        # password change elsewhere) or a user deactivated must not go on through it.
+        user, self.session_ended = session_user(self.scope)
+        if user is None:
+            return False
+        self.user = user
         try:
-            # The scope's user was read once, at connect: a user deactivated (or deleted)
-            # since must not go on acting through a socket opened before.
-            user.refresh_from_db(fields=["is_active"])
             access_chat(user, self.chat_id, action)
         except (Http404, ObjectDoesNotExist):
             return False
         return True
 
     async def _act(self, action, *args: Any, **kwargs: Any) -> Any:
-        """Run one action as this socket's user, on this socket's chat."""
-        return await database_sync_to_async(action)(
-            self.scope["user"], self.chat_id, *args, **kwargs
-        )
+        """Run one action as this socket's user (as last checked), on this socket's chat."""
+        return await database_sync_to_async(action)(self.user, self.chat_id, *args, **kwargs)
 
     async def do_resync(self, frame: dict[str, Any]) -> None:
         try:
@@ -153,8 +177,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             attached = [attached]
         await self._act(
             actions.send_message,
-            str(frame.get("message") or ""),
-            str(frame.get("client_id") or ""),
+            _text(frame, "message"),
+            _text(frame, "client_id"),
             attachments=[str(a) for a in attached if isinstance(a, str)][:20],
         )
         await self.send(text_data=fragments.composer_reset(self.chat_id))
@@ -165,9 +189,9 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def _decide(self, frame: dict[str, Any], *, approve: bool, always: bool = False):
         await self._act(
             actions.decide_approval,
-            str(frame.get("call_id") or ""),
+            _text(frame, "call_id"),
             approve=approve,
-            reason=str(frame.get("reason") or ""),
+            reason=_text(frame, "reason"),
             always=always,
         )
 
@@ -181,7 +205,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self._decide(frame, approve=False)
 
     async def do_switch_model(self, frame: dict[str, Any]) -> None:
-        await self._act(actions.switch_model, str(frame.get("model") or ""))
+        await self._act(actions.switch_model, _text(frame, "model"))
 
     async def do_compact(self, frame: dict[str, Any]) -> None:
         await self._act(actions.request_compaction)
@@ -192,14 +216,29 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def do_edit_last(self, frame: dict[str, Any]) -> None:
         await self._act(
             actions.edit_last_message,
-            str(frame.get("message") or ""),
-            str(frame.get("client_id") or ""),
+            _text(frame, "message"),
+            _text(frame, "client_id"),
         )
 
     # --- pushes from the chat's group -----------------------------------------------------
+
+    async def user_session_check(self, event: dict[str, Any]) -> None:
+        """The user logged out, changed the password or was deactivated somewhere."""
+        if not await self._allowed(ChatAction.VIEW):
+            if hasattr(self, "subscription"):
+                self.subscription.access_lost = True
+                self.subscription.close()
+            await self.close(code=self.session_ended or CLOSE_FORBIDDEN)
 
     async def chat_events(self, event: dict[str, Any]) -> None:
         await self.subscription.on_events(event)
 
     async def chat_stream(self, event: dict[str, Any]) -> None:
         await self.subscription.on_stream(event)
+
+
+class UnknownSocket(AsyncWebsocketConsumer):
+    """Any other socket path (or a chat id that is not one): refused, without a traceback."""
+
+    async def connect(self) -> None:
+        await self.close(code=CLOSE_NOT_FOUND)

@@ -17,7 +17,6 @@ from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils.functional import cached_property
-from django.utils.text import slugify
 
 from chat.core import eventlog
 from chat.core.messages import ChatMessage
@@ -62,7 +61,16 @@ def pretty_arguments(raw: str) -> str:
 
 
 def call_dom_id(call_id: str) -> str:
-    return slugify(call_id) or "call"
+    """A DOM id part for a tool call id: readable, and one-to-one.
+
+    Letters, digits and ``-`` stay; every other character (``_`` included) becomes
+    ``_<hex code point>_``. ``_`` never stands for itself, so two different call ids
+    can never give the same id (slugifying made ``call_1`` and ``call-1`` one element).
+    """
+    out = [
+        ch if (ch.isascii() and ch.isalnum()) or ch == "-" else f"_{ord(ch):x}_" for ch in call_id
+    ]
+    return "".join(out) or "_"
 
 
 @dataclass

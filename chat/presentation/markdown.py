@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import re
 import threading
+import time
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -145,6 +146,16 @@ def remember_rendered(text: str, html: str) -> None:
     _rendered.put(text, html)
 
 
+# The work one streamed reply may cost (see StreamingMarkdown): past either bound, the
+# block being written is shown as plain text until the reply is written (then rendered whole).
+STREAM_TAIL_CHARS = 6000  # a last block longer than this is not re-rendered per snapshot
+STREAM_RENDER_SECONDS = 0.5  # total rendering time of one stream's snapshots
+
+
+def _plain_html(text: str) -> str:
+    return '<p class="plain-stream">' + html.escape(text).replace("\n", "<br>") + "</p>"
+
+
 class StreamingMarkdown:
     """Renders a reply that grows at its end, re-rendering only its last block.
 
@@ -158,9 +169,18 @@ class StreamingMarkdown:
     without rendering at all. The one difference from
     rendering the whole text: a link reference defined after its use (the written
     message, rendered whole, shows it right).
+
+    The work is bounded: pathological input (``[a](`` repeated, with no blank line)
+    keeps one block growing, and re-parsing it costs more with every snapshot (15 s of
+    CPU for 8 KB in 20-character pieces). A last block longer than ``STREAM_TAIL_CHARS``,
+    or a stream whose renders have cost ``STREAM_RENDER_SECONDS`` in all, is shown as
+    escaped plain text from then on; the written message is rendered once, whole.
     """
 
     def __init__(self) -> None:
+        self._spent = 0.0  # seconds spent rendering this stream
+        self.plain = False  # over budget: the rest of this stream as plain text
+        self.last_plain = False  # the last render showed its last block as plain text
         self._stable_source = ""
         self._stable_html = ""
         self._tail_source = ""
@@ -177,6 +197,20 @@ class StreamingMarkdown:
         if not text.startswith(self._stable_source):  # not a continuation: start over
             self._stable_source = self._stable_html = ""
         tail = text[len(self._stable_source) :]
+        self.last_plain = self.plain or len(tail) > STREAM_TAIL_CHARS
+        if self.last_plain:
+            self._insert_at = None
+            return self._stable_html + _plain_html(tail)
+        started = time.perf_counter()
+        try:
+            return self._render_tail(tail)
+        finally:
+            self._spent += time.perf_counter() - started
+            if self._spent > STREAM_RENDER_SECONDS:
+                self.plain = True
+                self._insert_at = None  # no more appending words to rendered HTML either
+
+    def _render_tail(self, tail: str) -> str:
         md = _markdown()
         env: dict = {}
         tokens = md.parse(tail, env)
@@ -201,7 +235,8 @@ class StreamingMarkdown:
         """
         if "]:" in text:  # it may define a link reference (a label may span lines)
             return None
-        return self.render(text)
+        rendered = self.render(text)
+        return None if self.last_plain else rendered  # over budget: render it whole
 
     def _appendable(self, added: str, done: str) -> bool:
         if not _WORDS_AND_SPANS.fullmatch(added):
