@@ -5,9 +5,11 @@ from django.urls import path
 
 from chat.live.consumers import ChatConsumer
 from chat.runhost.worker import RunWorkerConsumer
+from classroom.consumers import WallConsumer
 
 websocket_urlpatterns = [
     path("ws/chat/<uuid:chat_id>/", ChatConsumer.as_asgi()),
+    path("ws/classes/<int:classroom_id>/live/", WallConsumer.as_asgi()),
 ]
 
 channel_routes = {settings.LYCEUM_WORKER_CHANNEL: RunWorkerConsumer.as_asgi()}
