@@ -13,7 +13,9 @@
     return out;
   }
 
+  document.addEventListener("htmx:wsClose", () => { document.body.dataset.ws = "closed"; });
   document.addEventListener("htmx:wsOpen", (event) => {
+    document.body.dataset.ws = "open";
     event.detail.socketWrapper.send(JSON.stringify({ action: "resync", seqs: seqs() }));
   });
 
