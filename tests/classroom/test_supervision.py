@@ -351,3 +351,22 @@ def test_the_class_export(world):
     flags = list(csv.DictReader(io.StringIO(archive.read("flags.csv").decode())))
     assert flags[0]["reason"] == "personal data: a phone number"
     assert store.last_display_seq(chat.pk) > 0
+
+
+async def test_the_api_answers_a_held_message_at_once(world):
+    from django.test import AsyncClient
+
+    from chat.apikeys import create_api_key
+
+    await adb(actions.pause_ai)(world["teacher"], world["room"].pk)
+    _key, raw = await adb(create_api_key)(world["student"], "t")
+    response = await AsyncClient().post(
+        f"/api/v1/classrooms/{world['room'].pk}/chat",
+        data={"user_message": "hello?"},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {raw}"},
+    )
+    assert response.status_code == 202
+    body = response.json()
+    assert body["type"] == "held" and body["message"] == actions.PAUSED_NOTICE
+    assert body["messages"][0]["content"] == "hello?"
