@@ -61,7 +61,7 @@ class ChatSubscription:
         of page (the teacher's wall renders compact tiles); given ``next_batch``, the
         doorbell's own fragments (the chat page's) are never pushed: the log is read."""
         self.chat_id = chat_id
-        self._next_batch = next_batch or fragments.next_batch
+        self._next_batch = next_batch  # None: fragments.next_batch, looked up at each read
         self._doorbell_html = next_batch is None
         self._stream_html = stream_html or (lambda event: event["html"])
         self._partial_html = partial_html
@@ -171,7 +171,7 @@ class ChatSubscription:
             self._reading = False
 
     async def _push_events_after_last_seq(self) -> None:
-        next_batch = database_sync_to_async(self._next_batch)
+        next_batch = database_sync_to_async(self._next_batch or fragments.next_batch)
         while self.last_seq is not None:
             events, html = await next_batch(self.chat_id, self.last_seq)
             if not events:
