@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -135,6 +136,28 @@ def _switch_model(chat: ChatSession, alias: str) -> str:
 # --- send ----------------------------------------------------------------------------------------
 
 
+@dataclass
+class SendCheck:
+    """What an app decided about a message just stored (see :func:`register_send_check`)."""
+
+    hold: bool = False  # keep the message but start no run for it (nor let a live run take it)
+    notices: list[str] = field(default_factory=list)  # system notes shown after the message
+
+
+SendCheckHook = Callable[[ChatSession, QueuedInput], SendCheck | None]
+_send_checks: dict[str, SendCheckHook] = {}
+
+
+def register_send_check(kind: str, check: SendCheckHook) -> None:
+    """Check each message sent into a chat of ``kind``, inside the send's transaction.
+
+    The classroom holds a student's message while the teacher has paused the AI, and
+    moderates it. A held message's ``QueuedInput`` is stored consumed, so no run takes
+    it; whoever releases it marks it unconsumed and starts the run.
+    """
+    _send_checks[kind] = check
+
+
 @dataclass(frozen=True)
 class SendResult:
     input_id: int
@@ -143,6 +166,7 @@ class SendResult:
     duplicate: bool
     queued: bool
     chat_id: str = ""
+    held: bool = False  # kept, no run started (see register_send_check)
 
 
 def _checked_text(text: str) -> str:
@@ -274,6 +298,14 @@ def _record_send(
     rows = [row]
     if not chat.title:
         rows += _set_title(chat, text.splitlines()[0][:TITLE_CHARS])
+    checked = _send_checks[chat.kind](chat, entry) if chat.kind in _send_checks else None
+    if checked is not None and checked.notices:
+        notes = [ChatMessage(role="system", content=notice) for notice in checked.notices]
+        rows += store.append_display_messages(chat.pk, notes)
+    if checked is not None and checked.hold:
+        QueuedInput.objects.filter(pk=entry.pk).update(consumed=True)
+        ring(chat.pk, rows)
+        return SendResult(entry.pk, row.seq, None, False, True, str(chat.pk), held=True)
     run_id = None
     if live is None:
         run = transitions.new_run(chat, thinking=thinking)

@@ -8,6 +8,7 @@ Errors are :class:`chat.actions.ActionError` with a message for the user.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from django.db import IntegrityError, transaction
@@ -16,11 +17,17 @@ from django.utils import timezone
 
 from chat import actions as chat_actions
 from chat import store
-from chat.actions import ActionError, SendResult
+from chat.actions import ActionError, SendCheck, SendResult
 from chat.catalog import UnknownModel, available_models, default_model
-from chat.live.doorbell import ring
-from chat.models import ChatSession
+from chat.core.channels import LiveChannels
+from chat.core.eventlog import msg_event
+from chat.core.messages import ChatMessage
+from chat.live.doorbell import group_send_soon, ring, ring_cancel
+from chat.live.layers import live_layer
+from chat.models import ChatEvent, ChatSession, QueuedInput, Run
 from chat.roles import is_teacher
+from chat.runhost import transitions
+from classroom import moderation
 from classroom.access import ClassAction, access_classroom, access_enrollment, access_persona
 from classroom.access import access_scene as _access_scene
 from classroom.models import (
@@ -30,8 +37,15 @@ from classroom.models import (
     Classroom,
     ClassroomChat,
     Enrollment,
+    Flag,
+    FlagCategory,
+    Guardrails,
+    HeldInput,
+    OnFlag,
+    PendingNote,
     Persona,
     Scene,
+    TeacherView,
     new_join_code,
 )
 from classroom.prompt import build_scene_context, cast_of
@@ -200,6 +214,7 @@ def join_classroom(user, code: str) -> Classroom:
     try:
         with transaction.atomic():
             Enrollment.objects.get_or_create(classroom=classroom, student=user)
+            ring_class(classroom.pk, "roster")
     except IntegrityError:
         pass  # joined twice at once: the first one won
     return classroom
@@ -301,6 +316,7 @@ def set_current_scene(user, classroom_id, scene_id) -> Scene:
         classroom = Classroom.objects.select_for_update().get(pk=scene.classroom_id)
         if classroom.current_scene_id != scene.pk:
             _move_class_to(classroom, scene)
+            ring_class(classroom.pk, "state")
     return scene
 
 
@@ -418,6 +434,7 @@ def open_class_chat(user, classroom_id) -> ClassroomChat:
             link = ClassroomChat.objects.create(classroom=classroom, student=user, chat=chat)
             if classroom.current_scene is not None:
                 store.append_display(chat.pk, [_scene_marker(classroom.current_scene)])
+            ring_class(classroom.pk, "roster")
     except IntegrityError:  # opened twice at once: the first one made it
         link = ClassroomChat.objects.select_related("chat").get(classroom=classroom, student=user)
     link.classroom = classroom
@@ -438,3 +455,291 @@ def send_class_message(
         ClassroomChat.objects.filter(pk=link.pk).update(client_scene_context=given)
         link.client_scene_context = given
     return link, chat_actions.send_message(user, link.chat_id, text, client_id)
+
+
+# --- the teacher in charge: supervision ----------------------------------------------------------
+
+PAUSED_NOTICE = (
+    "Your teacher has paused the AI. Your message is kept and will be answered when the AI is back."
+)
+PAUSE_NOTE = "Your teacher has paused the AI for the class."
+RESUME_NOTE = "Your teacher has resumed the AI."
+FLAG_NOTICE = "This message was flagged for your teacher to read."
+HOLD_NOTICE = "This message was flagged: the AI will answer once your teacher has read it."
+REPLY_FLAG_NOTICE = "A reply was flagged for your teacher to check."
+
+
+def class_group(classroom_id) -> str:
+    """The wall's group: roster, flag and class-state changes of one class."""
+    return f"class.{classroom_id}"
+
+
+def ring_class(classroom_id, kind: str, **fields) -> None:
+    """After the commit, tell the class's walls (``kind``: roster, flags, state)."""
+    layer = live_layer()
+    if layer is None:
+        return
+    message = {"type": f"class.{kind}", "classroom_id": int(classroom_id), **fields}
+    transaction.on_commit(lambda: group_send_soon(layer, class_group(classroom_id), message))
+
+
+def guardrails_of(classroom: Classroom) -> Guardrails:
+    guardrails, _ = Guardrails.objects.get_or_create(classroom=classroom)
+    return guardrails
+
+
+def save_guardrails(
+    user, classroom_id, *, categories: list[str], words: str, on_flag: str, check_model: str = ""
+) -> Guardrails:
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    if on_flag not in OnFlag.values:
+        raise ActionError(f"Unknown setting {on_flag!r}.", "bad_request")
+    unknown = set(categories) - set(FlagCategory.values)
+    if unknown:
+        raise ActionError(f"Unknown categories: {', '.join(sorted(unknown))}.", "bad_request")
+    guardrails = guardrails_of(classroom)
+    guardrails.categories = [c for c in FlagCategory.values if c in categories]
+    guardrails.words = "\n".join(moderation.teacher_words(words))
+    guardrails.on_flag = on_flag
+    guardrails.check_model = _checked_model(check_model, allow_empty=True)
+    guardrails.save()
+    return guardrails
+
+
+def _teacher_name(user) -> str:
+    name = " ".join((user.get_full_name() or user.get_username()).split())
+    return re.sub(r"[<>/]", "", name)[:60] or "Teacher"
+
+
+def _flag(
+    link: ClassroomChat, guardrails: Guardrails, source: str, speaker: str, seq: int, text: str
+):
+    hits = moderation.check(text, guardrails.categories, moderation.teacher_words(guardrails.words))
+    flags = [
+        Flag.objects.create(
+            classroom_id=link.classroom_id,
+            chat_id=link.chat_id,
+            student_id=link.student_id,
+            source=source,
+            speaker=speaker,
+            seq=seq,
+            message=text[:4000],
+            category=hit.category,
+            severity=hit.severity,
+            reason=hit.reason[:300],
+        )
+        for hit in hits
+    ]
+    if flags:
+        ring_class(link.classroom_id, "flags", chat_id=str(link.chat_id))
+    return flags
+
+
+def class_send_check(chat: ChatSession, entry: QueuedInput) -> SendCheck | None:
+    """Registered with chat: every student message of a class chat passes here (in the
+    send's transaction): held while the AI is paused, moderated, the wall told."""
+    link = ClassroomChat.objects.select_related("classroom").filter(chat_id=chat.pk).first()
+    if link is None:
+        return None
+    classroom = link.classroom
+    guardrails = guardrails_of(classroom)
+    flags = _flag(link, guardrails, Flag.Source.STUDENT, "", entry.display_seq or 0, entry.content)
+    ring_class(classroom.pk, "activity", chat_id=str(chat.pk))
+    checked = SendCheck()
+    if classroom.ai_paused:
+        HeldInput.objects.create(chat=chat, queued_input=entry, reason=HeldInput.Reason.PAUSED)
+        checked.hold = True
+        checked.notices.append(PAUSED_NOTICE)
+    elif flags and guardrails.on_flag == OnFlag.HOLD:
+        HeldInput.objects.create(
+            chat=chat, queued_input=entry, reason=HeldInput.Reason.FLAG, flag=flags[0]
+        )
+        checked.hold = True
+        checked.notices.append(HOLD_NOTICE)
+    elif flags and guardrails.on_flag == OnFlag.NOTICE:
+        checked.notices.append(FLAG_NOTICE)
+    return checked
+
+
+def class_run_finished(run: Run, status: str) -> None:
+    """Registered with chat: a class chat's run ended (inside its transaction).
+
+    A teacher's message written while the run was live enters the context now, after
+    the run's own; the replies the run wrote are moderated.
+    """
+    link = ClassroomChat.objects.select_related("classroom").filter(chat_id=run.chat_id).first()
+    if link is None:
+        return
+    notes = list(PendingNote.objects.filter(chat_id=run.chat_id).order_by("pk"))
+    if notes:
+        stamp = store.now_ms()
+        store.append_events(
+            run.chat_id,
+            store.SESSION,
+            [msg_event(ChatMessage.from_dict(n.message), stamp) for n in notes],
+        )
+        PendingNote.objects.filter(pk__in=[n.pk for n in notes]).delete()
+    guardrails = guardrails_of(link.classroom)
+    replies = ChatEvent.objects.filter(
+        chat_id=run.chat_id,
+        channel=ChatEvent.Channel.DISPLAY,
+        kind="msg",
+        payload__role="assistant",
+        payload__extra__run_id=str(run.pk),
+    ).values_list("seq", "payload")
+    flagged = False
+    for seq, payload in replies:
+        text = str(payload.get("content") or "")
+        speaker = str(payload.get("sender_name") or "")
+        flagged |= bool(_flag(link, guardrails, Flag.Source.PERSONA, speaker, seq, text))
+    if flagged and guardrails.on_flag != OnFlag.NOTIFY:
+        note = ChatMessage(role="system", content=REPLY_FLAG_NOTICE)
+        ring(run.chat_id, store.append_display_messages(run.chat_id, [note]))
+    ring_class(link.classroom_id, "activity", chat_id=str(run.chat_id))
+
+
+def _links(classroom: Classroom):
+    return ClassroomChat.objects.filter(classroom=classroom).select_related("student")
+
+
+def _link_of(classroom: Classroom, student_id) -> ClassroomChat:
+    link = _links(classroom).filter(student_id=student_id).first()
+    if link is None:
+        raise ActionError("That student has not opened the class chat yet.", "not_found")
+    link.classroom = classroom
+    return link
+
+
+def _write_teacher_note(chat_id, teacher, text: str) -> int:
+    """Inside a transaction: the teacher's labelled message, clean in display, wrapped in
+    context (``LiveChannels.push_labelled``); held for the run's end while one is live."""
+    channels = LiveChannels()
+    channels.push_labelled(
+        ChatMessage(
+            role="user",
+            content=text,
+            sender_name=_teacher_name(teacher),
+            extra={"teacher": True, "teacher_id": teacher.pk},
+        )
+    )
+    rows = store.append_display_messages(chat_id, channels.display)
+    chat = ChatSession.objects.get(pk=chat_id)
+    if transitions.live_run(chat, lock=True) is not None:
+        PendingNote.objects.bulk_create(
+            PendingNote(chat_id=chat_id, message=m.to_dict()) for m in channels.context
+        )
+    else:
+        stamp = store.now_ms()
+        store.append_events(chat_id, store.SESSION, [msg_event(m, stamp) for m in channels.context])
+    ring(chat_id, rows)
+    return rows[0].seq
+
+
+def step_in(user, classroom_id, student_id, text: str) -> int:
+    """The teacher writes into one student's class chat; the personas see it next turn."""
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    text = chat_actions._checked_text(text)
+    link = _link_of(classroom, student_id)
+    with transaction.atomic():
+        seq = _write_teacher_note(link.chat_id, user, text)
+        ring_class(classroom.pk, "activity", chat_id=str(link.chat_id))
+    return seq
+
+
+def broadcast(user, classroom_id, text: str) -> int:
+    """One teacher message into every student's class chat; how many it reached."""
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    text = chat_actions._checked_text(text)
+    chat_ids = list(_links(classroom).values_list("chat_id", flat=True))
+    with transaction.atomic():
+        for chat_id in chat_ids:
+            _write_teacher_note(chat_id, user, text)
+    return len(chat_ids)
+
+
+def _note_all(classroom: Classroom, text: str) -> list[ChatSession]:
+    chats = list(ChatSession.objects.filter(classroom_link__classroom=classroom))
+    note = ChatMessage(role="system", content=text)
+    for chat in chats:
+        ring(chat.pk, store.append_display_messages(chat.pk, [note]))
+    return chats
+
+
+def pause_ai(user, classroom_id) -> Classroom:
+    """No LLM call for the class until resumed; running replies stop, keeping their text."""
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    with transaction.atomic():
+        classroom = Classroom.objects.select_for_update().get(pk=classroom.pk)
+        if classroom.ai_paused:
+            return classroom
+        Classroom.objects.filter(pk=classroom.pk).update(ai_paused=True)
+        classroom.ai_paused = True
+        for chat in _note_all(classroom, PAUSE_NOTE):
+            run = transitions.live_run(chat, lock=True)
+            if run is None:
+                continue
+            if run.status == Run.Status.WAITING:
+                transitions.finish_waiting_run_cancelled(run)
+                continue
+            Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+            ring_cancel(run.pk)
+        ring_class(classroom.pk, "state")
+    return classroom
+
+
+def _release(held: list[HeldInput]) -> None:
+    """Inside a transaction: held messages go back to the queue; their runs start on commit."""
+    if not held:
+        return
+    QueuedInput.objects.filter(pk__in=[h.queued_input_id for h in held]).update(consumed=False)
+    HeldInput.objects.filter(pk__in=[h.pk for h in held]).delete()
+    for chat in ChatSession.objects.filter(pk__in={h.chat_id for h in held}):
+        transaction.on_commit(functools.partial(chat_actions.launch_next_queued, chat))
+
+
+def resume_ai(user, classroom_id) -> Classroom:
+    """The AI is back: each student's message kept meanwhile is answered."""
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    with transaction.atomic():
+        classroom = Classroom.objects.select_for_update().get(pk=classroom.pk)
+        if not classroom.ai_paused:
+            return classroom
+        Classroom.objects.filter(pk=classroom.pk).update(ai_paused=False)
+        classroom.ai_paused = False
+        _note_all(classroom, RESUME_NOTE)
+        _release(
+            list(
+                HeldInput.objects.filter(
+                    chat__classroom_link__classroom=classroom, reason=HeldInput.Reason.PAUSED
+                )
+            )
+        )
+        ring_class(classroom.pk, "state")
+    return classroom
+
+
+def review_flag(user, classroom_id, flag_id) -> Flag:
+    """The teacher has read a flag; a reply it held is released (unless the AI is paused)."""
+    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    with transaction.atomic():
+        flag = Flag.objects.select_for_update().filter(pk=flag_id, classroom=classroom).first()
+        if flag is None:
+            raise ActionError("No such flag.", "not_found")
+        if flag.reviewed_at is None:
+            flag.reviewed_at, flag.reviewed_by = timezone.now(), user
+            flag.save(update_fields=["reviewed_at", "reviewed_by"])
+        held = HeldInput.objects.filter(flag=flag, reason=HeldInput.Reason.FLAG)
+        if classroom.ai_paused:
+            held.update(reason=HeldInput.Reason.PAUSED)  # answered on resume
+        else:
+            _release(list(held))
+        ring_class(classroom.pk, "flags", chat_id=str(flag.chat_id))
+    return flag
+
+
+def record_views(user, classroom: Classroom, chat_ids, how: str) -> None:
+    """The audit of a teacher looking at students' class chats (the student sees it)."""
+    TeacherView.objects.bulk_create(
+        TeacherView(classroom=classroom, chat_id=chat_id, viewer=user, how=how)
+        for chat_id in chat_ids
+    )

@@ -160,9 +160,29 @@ async def _start(request: HttpRequest, classroom_id):
     return link, sent, speakers, follower, follow_run(follower)
 
 
+def _held(chat_id, classroom_id, seq: int) -> dict[str, Any]:
+    """A message kept without a reply (the teacher paused the AI, or a flag holds it)."""
+    notices = [
+        str(e.payload.get("content") or "")
+        for e in store.display_events_after(chat_id, seq)
+        if e.kind == "msg" and e.payload.get("role") == "system"
+    ]
+    return {
+        "type": "held",
+        "message": notices[0] if notices else "Your message is kept; no reply for now.",
+        "messages": _reply_messages(chat_id, classroom_id, seq, None)[:1],
+    }
+
+
 @api_view()
 async def classroom_chat(request: HttpRequest, classroom_id: int) -> HttpResponse:
     link, sent, _speakers, follower, events = await _start(request, classroom_id)
+    if sent.held:
+        await events.aclose()
+        held = await database_sync_to_async(_held)(
+            sent.chat_id, link.classroom_id, sent.display_seq
+        )
+        return JsonResponse(held, status=202)
     terminal: dict[str, Any] | None = None
     try:
         async for event in events:
@@ -202,6 +222,14 @@ async def classroom_chat_stream(request: HttpRequest, classroom_id: int) -> Http
         yield f": session {sent.chat_id}\n\n".encode()
         for message in mine[:1]:
             yield sse({"type": "message", "message": message})
+        if sent.held:
+            await events.aclose()
+            yield sse(
+                await database_sync_to_async(_held)(
+                    sent.chat_id, link.classroom_id, sent.display_seq
+                )
+            )
+            return
         try:
             async for event in events:
                 kind = event["type"]

@@ -167,3 +167,130 @@ class ClassroomChat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.student}'s chat in {self.classroom}"
+
+
+# --- supervision: the teacher in charge ----------------------------------------------------------
+
+
+class FlagCategory(models.TextChoices):
+    SELF_HARM = "self_harm", "self-harm"
+    VIOLENCE = "violence", "violence"
+    BULLYING = "bullying", "bullying"
+    PERSONAL_DATA = "personal_data", "personal data"
+    TEACHER_WORDS = "teacher_words", "the teacher's words"
+    LLM = "llm", "model check"
+
+
+class OnFlag(models.TextChoices):
+    NOTICE = "notice", "Show a notice to the student"
+    HOLD = "hold", "Hold the AI reply until I review it"
+    NOTIFY = "notify", "Only notify me"
+
+
+def default_flag_categories() -> list[str]:
+    return [c for c in FlagCategory.values if c != FlagCategory.LLM]
+
+
+class Guardrails(models.Model):
+    """A class's moderation settings (one row per class, made on first use)."""
+
+    classroom = models.OneToOneField(Classroom, on_delete=models.CASCADE, related_name="guardrails")
+    categories = models.JSONField(default=default_flag_categories)
+    words = models.TextField(blank=True, help_text="the teacher's own words, one per line")
+    on_flag = models.CharField(max_length=8, choices=OnFlag.choices, default=OnFlag.NOTIFY)
+    # A model alias for an extra LLM check of each message; empty: rules only.
+    check_model = models.CharField(max_length=100, blank=True)
+
+    def __str__(self) -> str:
+        return f"guardrails of {self.classroom}"
+
+
+class Flag(models.Model):
+    class Severity(models.IntegerChoices):
+        LOW = 1, "low"
+        MEDIUM = 2, "medium"
+        HIGH = 3, "high"
+
+    class Source(models.TextChoices):
+        STUDENT = "student"
+        PERSONA = "persona"
+
+    classroom = models.ForeignKey(Classroom, on_delete=models.CASCADE, related_name="flags")
+    chat = models.ForeignKey("chat.ChatSession", on_delete=models.CASCADE, related_name="+")
+    student = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
+    )
+    source = models.CharField(max_length=8, choices=Source.choices)
+    speaker = models.CharField(max_length=100, blank=True)
+    seq = models.PositiveIntegerField(default=0)  # the message's display seq
+    message = models.TextField()
+    category = models.CharField(max_length=16, choices=FlagCategory.choices)
+    severity = models.PositiveSmallIntegerField(choices=Severity.choices)
+    reason = models.CharField(max_length=300)
+    created_at = models.DateTimeField(auto_now_add=True)
+    reviewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        indexes = [models.Index(fields=["classroom", "reviewed_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.get_severity_display()} flag: {self.reason}"
+
+
+class TeacherView(models.Model):
+    """One teacher's look at one student's class chat: the audit the student sees."""
+
+    class How(models.TextChoices):
+        PAGE = "page"
+        WALL = "wall"
+        EXPORT = "export"
+        API = "api"
+
+    classroom = models.ForeignKey(Classroom, on_delete=models.CASCADE, related_name="+")
+    chat = models.ForeignKey("chat.ChatSession", on_delete=models.CASCADE, related_name="+")
+    viewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    how = models.CharField(max_length=8, choices=How.choices)
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+        indexes = [models.Index(fields=["chat", "-at"])]
+
+    def __str__(self) -> str:
+        return f"{self.viewer} viewed {self.chat_id} ({self.how})"
+
+
+class HeldInput(models.Model):
+    """A student's message kept without a reply (the AI paused, or a flag holds it)."""
+
+    class Reason(models.TextChoices):
+        PAUSED = "paused"
+        FLAG = "flag"
+
+    chat = models.ForeignKey("chat.ChatSession", on_delete=models.CASCADE, related_name="+")
+    queued_input = models.OneToOneField(
+        "chat.QueuedInput", on_delete=models.CASCADE, related_name="+"
+    )
+    reason = models.CharField(max_length=8, choices=Reason.choices)
+    flag = models.ForeignKey(
+        Flag, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"input {self.queued_input_id} held ({self.reason})"
+
+
+class PendingNote(models.Model):
+    """A teacher's message written while a reply ran: enters context when the run ends."""
+
+    chat = models.ForeignKey("chat.ChatSession", on_delete=models.CASCADE, related_name="+")
+    message = models.JSONField()  # ChatMessage.to_dict() of the context side
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"note for chat {self.chat_id}"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
+from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
@@ -15,7 +18,7 @@ from chat.presentation.markdown import render_markdown_uncached
 from chat.roles import is_teacher
 from chat.runhost import transitions
 from chat.views import _stream_html, page_of_items
-from classroom import actions
+from classroom import actions, exports, wall
 from classroom.access import (
     ClassAction,
     access_classroom,
@@ -24,7 +27,15 @@ from classroom.access import (
     classrooms_of,
     teaches,
 )
-from classroom.models import SCENE_CONTENT_MAX, Persona, Scene
+from classroom.models import (
+    SCENE_CONTENT_MAX,
+    ClassroomChat,
+    FlagCategory,
+    OnFlag,
+    Persona,
+    Scene,
+    TeacherView,
+)
 from classroom.prompt import cast_of
 
 
@@ -340,6 +351,7 @@ def class_chat(request: HttpRequest, classroom_id: int) -> HttpResponse:
             "stream_html": _stream_html(live),
             "can_write": can_access_chat(request.user, chat, ChatAction.WRITE),
             "is_teacher": teaches(request.user, classroom),
+            "viewers": viewers_of(chat.pk),
         },
     )
 
@@ -351,3 +363,99 @@ def home_panel(request: HttpRequest) -> str:
         {"classes": classrooms_of(request.user)},
         request=request,
     )
+
+
+# --- the teacher in charge -----------------------------------------------------------------------
+
+
+@require_GET
+def class_live(request: HttpRequest, classroom_id: int, student_id: int | None = None):
+    """The wall (every student's tile, live), or one student's class chat in full."""
+    classroom = access_classroom(request.user, classroom_id, ClassAction.TEACH)
+    tiles = wall.tiles(classroom, student_id=student_id)
+    if student_id is not None:
+        if not tiles:
+            raise Http404("No such student")
+        actions.record_views(
+            request.user, classroom, [t.chat_id for t in tiles if t.chat_id], TeacherView.How.PAGE
+        )
+    guardrails = wall.guardrails_for(classroom)
+    return render(
+        request,
+        "classroom/live.html",
+        {
+            "classroom": classroom,
+            "tiles": tiles,
+            "focused": tiles[0] if student_id is not None else None,
+            "scenes": Scene.objects.filter(classroom=classroom),
+            "guardrails": guardrails,
+            "categories": [c for c in FlagCategory.choices if c[0] != FlagCategory.LLM],
+            "on_flag_choices": OnFlag.choices,
+        },
+    )
+
+
+@require_POST
+def class_guardrails(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    access_classroom(request.user, classroom_id, ClassAction.TEACH)
+    _do(
+        request,
+        actions.save_guardrails,
+        classroom_id,
+        categories=request.POST.getlist("categories"),
+        words=request.POST.get("words", ""),
+        on_flag=request.POST.get("on_flag", OnFlag.NOTIFY),
+        success="Guardrails saved.",
+    )
+    return redirect("class_live", classroom_id)
+
+
+def _attachment(body, content_type: str, name: str) -> HttpResponse:
+    response = HttpResponse(body, content_type=content_type)
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+@require_GET
+def class_export(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    """The class's zip: a transcript per student, a CSV summary and the flags (audited)."""
+    classroom = access_classroom(request.user, classroom_id, ClassAction.TEACH)
+    links = list(
+        ClassroomChat.objects.filter(classroom=classroom).select_related("student", "chat")
+    )
+    for link in links:
+        link.classroom = classroom
+    actions.record_views(
+        request.user, classroom, [link.chat_id for link in links], TeacherView.How.EXPORT
+    )
+    body = exports.class_zip(classroom, links)
+    return _attachment(body, "application/zip", exports.zip_name(classroom))
+
+
+@require_GET
+def class_student_transcript(request: HttpRequest, classroom_id: int, student_id: int):
+    classroom = access_classroom(request.user, classroom_id, ClassAction.TEACH)
+    link = (
+        ClassroomChat.objects.filter(classroom=classroom, student_id=student_id)
+        .select_related("student", "chat")
+        .first()
+    )
+    if link is None:
+        raise Http404("No such student")
+    link.classroom = classroom
+    actions.record_views(request.user, classroom, [link.chat_id], TeacherView.How.EXPORT)
+    return _attachment(
+        exports.transcript(link), "text/markdown; charset=utf-8", exports.transcript_name(link)
+    )
+
+
+def viewers_of(chat_id) -> list[dict[str, Any]]:
+    """'Who viewed this chat': per teacher and way, how often and when last."""
+    rows = (
+        TeacherView.objects.filter(chat_id=chat_id)
+        .values("viewer__username", "how")
+        .annotate(times=Count("pk"), last=Max("at"))
+        .order_by("-last")
+    )
+    return [dict(row) for row in rows]

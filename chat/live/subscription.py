@@ -37,6 +37,11 @@ ACCESS_RECHECK_SECONDS = 10.0
 Send = Callable[[str], Awaitable[None]]
 CheckAccess = Callable[[], Awaitable[bool]]
 OnAccessLost = Callable[[], Awaitable[None]]
+# How a subscription renders (the chat page's fragments unless told otherwise): the next
+# batch of the log after a seq, a stream snapshot, and the reply written so far.
+NextBatch = Callable[[str, int], tuple[list[Any], str]]
+StreamHtml = Callable[[dict[str, Any]], str]
+PartialHtml = Callable[[str, Run], str]
 
 
 class ChatSubscription:
@@ -48,8 +53,18 @@ class ChatSubscription:
         may_view: CheckAccess,
         on_access_lost: OnAccessLost,
         clock: Callable[[], float] | None = None,
+        next_batch: NextBatch | None = None,
+        stream_html: StreamHtml | None = None,
+        partial_html: PartialHtml | None = None,
     ) -> None:
+        """``next_batch``, ``stream_html`` and ``partial_html`` render for another kind
+        of page (the teacher's wall renders compact tiles); given ``next_batch``, the
+        doorbell's own fragments (the chat page's) are never pushed: the log is read."""
         self.chat_id = chat_id
+        self._next_batch = next_batch  # None: fragments.next_batch, looked up at each read
+        self._doorbell_html = next_batch is None
+        self._stream_html = stream_html or (lambda event: event["html"])
+        self._partial_html = partial_html
         self.last_seq: int | None = None  # None until the page says where it is (resync)
         self.flushed_round: dict[str, int] = {}
         self._send = send
@@ -87,7 +102,12 @@ class ChatSubscription:
             return
         if not await self.may_still_watch():
             return
-        if event.get("after") == self.last_seq and "html" in event and not self._reading:
+        if (
+            self._doorbell_html
+            and event.get("after") == self.last_seq
+            and "html" in event
+            and not self._reading
+        ):
             # The very next events, rendered by the writer: no trip to the database.
             self._note_written_rounds(event.get("rounds") or [])
             self.last_seq = seq
@@ -102,7 +122,9 @@ class ChatSubscription:
         run_id = str(event.get("run_id"))
         if int(event.get("round", 0)) <= self.flushed_round.get(run_id, -1):
             return  # that reply was written already
-        await self._send(event["html"])
+        html = self._stream_html(event)
+        if html:
+            await self._send(html)
         self._arm_quiet_check()
 
     # --- access ----------------------------------------------------------------------------
@@ -149,7 +171,7 @@ class ChatSubscription:
             self._reading = False
 
     async def _push_events_after_last_seq(self) -> None:
-        next_batch = database_sync_to_async(fragments.next_batch)
+        next_batch = database_sync_to_async(self._next_batch or fragments.next_batch)
         while self.last_seq is not None:
             events, html = await next_batch(self.chat_id, self.last_seq)
             if not events:
@@ -164,6 +186,9 @@ class ChatSubscription:
         """A page (re)connecting during a run gets the reply written so far."""
         run = await database_sync_to_async(_live_run)(self.chat_id)
         if run is None:
+            return
+        if self._partial_html is not None:
+            await self._send(self._partial_html(self.chat_id, run))
             return
         if run.status == run.Status.WAITING:
             # Nothing is being written while the run waits for the user's approval:

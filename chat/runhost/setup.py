@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from chat.models import ChatSession
+from chat.models import ChatSession, Run
 
 DEFAULT_MAX_ROUNDS = 12
 
@@ -50,3 +50,29 @@ def setup_for(chat: ChatSession) -> RunSetup:
         tool_policies=dict(agent.tool_policies or {}),
         max_rounds=agent.max_rounds,
     )
+
+
+# --- after a run ends ----------------------------------------------------------------------------
+
+RunFinishedHook = Callable[[Run, str], None]
+_finished: dict[str, RunFinishedHook] = {}
+
+
+def register_run_finished(kind: str, hook: RunFinishedHook) -> None:
+    """Call ``hook(run, status)`` when a run of a chat of ``kind`` ends.
+
+    Called inside the transaction that writes the run's end (``transitions.finish_run``),
+    after its last messages and context: what the hook writes comes after them, before
+    any next run of the chat can start (the classroom moderates the replies there and
+    writes a teacher's message held while the run was live). Rings only on commit.
+    """
+    _finished[kind] = hook
+
+
+def run_finished(run: Run, status: str) -> None:
+    if not _finished:
+        return
+    kind = ChatSession.objects.filter(pk=run.chat_id).values_list("kind", flat=True).first()
+    hook = _finished.get(kind or "")
+    if hook is not None:
+        hook(run, status)

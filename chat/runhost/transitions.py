@@ -28,6 +28,7 @@ from chat.core.messages import ChatMessage
 from chat.live.doorbell import ring
 from chat.llm.types import ErrorCategory, Usage
 from chat.models import ChatSession, QueuedInput, Run, ToolApproval
+from chat.runhost import setup
 from chat.runhost.host import DjangoRunHost, partial_message, stamp
 
 LIVE = [Run.Status.RUNNING, Run.Status.WAITING]
@@ -281,6 +282,7 @@ def finish_run(
         store.persist_context(run.chat_id, host.channels.context, host.persisted)
         rows += store.append_display(run.chat_id, [*closing, stamp(event, run)])
         ring(run.chat_id, rows)
+        setup.run_finished(run, status)
     return True
 
 
