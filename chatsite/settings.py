@@ -243,3 +243,24 @@ LYCEUM_STREAM_PUSH_INTERVAL = env_float("LYCEUM_STREAM_PUSH_INTERVAL", 0.1, mini
 LYCEUM_CHECKPOINT_INTERVAL = env_float("LYCEUM_CHECKPOINT_INTERVAL", 1.0, minimum=0.05)
 LYCEUM_MAX_FRAME_BYTES = env_int("LYCEUM_MAX_FRAME_BYTES", 64 * 1024, minimum=1024)
 LYCEUM_HOOKS = env_list("LYCEUM_HOOKS")
+
+# --- The relay (chat/relay/) --------------------------------------------------------------------
+# Provider keys are encrypted with a key derived from this (SECRET_KEY when unset); after
+# changing it, put the previous one in ..._OLD and run `manage.py rotate_provider_keys`.
+LYCEUM_PROVIDER_KEY_SECRET = env_str("LYCEUM_PROVIDER_KEY_SECRET")
+LYCEUM_PROVIDER_KEY_SECRET_OLD = env_str("LYCEUM_PROVIDER_KEY_SECRET_OLD")
+# Per user (and per API key with its own limits): requests per minute refilling a bucket of
+# `burst` requests, and a monthly token budget (0 = none). Admins set others per user.
+LYCEUM_RELAY_RPM = env_int("LYCEUM_RELAY_RPM", 60, minimum=1)
+LYCEUM_RELAY_BURST = env_int("LYCEUM_RELAY_BURST", 10, minimum=1)
+LYCEUM_MONTHLY_TOKENS = env_int("LYCEUM_MONTHLY_TOKENS", 0, minimum=0)
+# Tokens held against the budget while a request runs that names no max_tokens.
+LYCEUM_RELAY_RESERVE_TOKENS = env_int("LYCEUM_RELAY_RESERVE_TOKENS", 1024, minimum=0)
+# A pool key that answered 429 or 401/403 is left alone this long.
+LYCEUM_RELAY_KEY_COOLDOWN = env_float("LYCEUM_RELAY_KEY_COOLDOWN", 60.0, minimum=0)
+# Upstream: the first byte (headers) and then the gap between reads; the whole request.
+LYCEUM_RELAY_FIRST_BYTE_TIMEOUT = env_float("LYCEUM_RELAY_FIRST_BYTE_TIMEOUT", 60.0, minimum=0.01)
+LYCEUM_RELAY_IDLE_TIMEOUT = env_float("LYCEUM_RELAY_IDLE_TIMEOUT", 60.0, minimum=0.01)
+LYCEUM_RELAY_TIMEOUT = env_float("LYCEUM_RELAY_TIMEOUT", 300.0, minimum=1)
+# Body fields outside the Chat Completions API that are still passed to the upstream.
+LYCEUM_RELAY_PASS_FIELDS = env_list("LYCEUM_RELAY_PASS_FIELDS", ["plan_mode", "subagent_enabled"])

@@ -16,6 +16,7 @@ urlpatterns = [
         name="password_change_done",
     ),
     path("admin/", admin.site.urls),
+    path("api/v1/relay/", include("chat.relay.urls")),
     path("api/v1/", include("chat.api.urls")),
     path("", include("chat.urls")),
 ]
