@@ -52,13 +52,14 @@ def upstream_for(provider_name: str) -> Upstream:
     row = Provider.objects.get(name=provider_name)
     now = timezone.now()
     keys = []
-    for key in ProviderKey.objects.filter(provider=row, enabled=True).order_by("pk"):
+    pooled = list(ProviderKey.objects.filter(provider=row, enabled=True).order_by("pk"))
+    for key in pooled:
         if key.cooldown_until is not None and key.cooldown_until > now:
             remaining = (key.cooldown_until - now).total_seconds()
             _cooling[(row.name, key.pk)] = time.monotonic() + remaining
             continue
         keys.append(PoolKey(row.name, key.pk, secrets.decrypt(key.secret)))
-    if row.api_key or not keys:
+    if row.api_key or not pooled:  # a provider without any key (a local server) too
         keys.append(PoolKey(row.name, None, secrets.decrypt(row.api_key)))
     return _ordered(row.name, row.base_url, keys)
 
@@ -68,7 +69,9 @@ def _ordered(provider: str, base_url: str, keys: list[PoolKey]) -> Upstream:
     ready = [k for k in keys if _cooling.get((provider, k.key_id), 0) <= now]
     cooling_for = 0.0
     if not ready:
-        cooling_for = min(_cooling.get((provider, k.key_id), now) - now for k in keys)
+        ends = [_cooling.get((provider, k.key_id), now) for k in keys]
+        ends += [end for (name, _id), end in _cooling.items() if name == provider and end > now]
+        cooling_for = min(ends, default=now + 1) - now
     if len(ready) > 1:
         start = next(_turns.setdefault(provider, itertools.count())) % len(ready)
         ready = ready[start:] + ready[:start]
