@@ -264,3 +264,5 @@ LYCEUM_RELAY_IDLE_TIMEOUT = env_float("LYCEUM_RELAY_IDLE_TIMEOUT", 60.0, minimum
 LYCEUM_RELAY_TIMEOUT = env_float("LYCEUM_RELAY_TIMEOUT", 300.0, minimum=1)
 # Body fields outside the Chat Completions API that are still passed to the upstream.
 LYCEUM_RELAY_PASS_FIELDS = env_list("LYCEUM_RELAY_PASS_FIELDS", ["plan_mode", "subagent_enabled"])
+# API keys, the whitelist, pools and limits are remembered this long per process (0: off).
+LYCEUM_RELAY_CACHE_SECONDS = env_float("LYCEUM_RELAY_CACHE_SECONDS", 2.0, minimum=0)

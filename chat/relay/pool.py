@@ -21,6 +21,7 @@ from django.utils import timezone
 from chat.catalog import ENV_PROVIDER
 from chat.models import Provider, ProviderKey
 from chat.relay import secrets
+from chat.relay.ttlcache import cached
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,15 @@ _cooling: dict[tuple[str, int | None], float] = {}  # (provider, key id) -> mono
 
 
 def upstream_for(provider_name: str) -> Upstream:
+    """The provider's keys in the order to try (its pool read at most once per cache time)."""
+    name, base_url, keys = cached(("pool", provider_name), lambda: _load(provider_name))
+    return _ordered(name, base_url, keys)
+
+
+def _load(provider_name: str) -> tuple[str, str, list[PoolKey]]:
     if provider_name == ENV_PROVIDER:
         keys = [PoolKey(ENV_PROVIDER, None, settings.LYCEUM_OPENAI_API_KEY)]
-        return _ordered(ENV_PROVIDER, settings.LYCEUM_OPENAI_BASE_URL, keys)
+        return ENV_PROVIDER, settings.LYCEUM_OPENAI_BASE_URL, keys
     row = Provider.objects.get(name=provider_name)
     now = timezone.now()
     keys = []
@@ -61,7 +68,7 @@ def upstream_for(provider_name: str) -> Upstream:
         keys.append(PoolKey(row.name, key.pk, secrets.decrypt(key.secret)))
     if row.api_key or not pooled:  # a provider without any key (a local server) too
         keys.append(PoolKey(row.name, None, secrets.decrypt(row.api_key)))
-    return _ordered(row.name, row.base_url, keys)
+    return row.name, row.base_url, keys
 
 
 def _ordered(provider: str, base_url: str, keys: list[PoolKey]) -> Upstream:

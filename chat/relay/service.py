@@ -26,7 +26,7 @@ import httpx
 from django.conf import settings
 from django.db import transaction
 
-from chat.apikeys import authenticate_api_key
+from chat.apikeys import authenticate_api_key, hash_key
 from chat.catalog import ModelChoice, available_models
 from chat.core.tokens import estimate_text_tokens, estimate_tokens
 from chat.llm.netbackend import AsyncioTransport, environment_proxy_for
@@ -35,6 +35,7 @@ from chat.llm.retry import error_fields, parse_retry_after, short_detail
 from chat.llm.wire import WireError, messages_from_openai
 from chat.models import Agent, ApiKey, UsageRecord
 from chat.relay import limits, pool
+from chat.relay.ttlcache import cached
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class Outcome:
 
 
 def authenticate(raw_key: str) -> ApiKey:
-    key = authenticate_api_key(raw_key)
+    key = cached(("key", hash_key(raw_key)), lambda: authenticate_api_key(raw_key))
     if key is None:
         raise RelayError(
             401,
@@ -159,7 +160,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 def find_model(name: str) -> ModelChoice:
-    choices = available_models()
+    choices = cached("models", available_models)
     for choice in choices:
         if choice.alias == name:
             return choice
@@ -186,7 +187,7 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     if not parsed:
         raise RelayError(400, "'messages' must not be empty.", code="invalid_messages")
     if agent_id:
-        agent = Agent.objects.filter(slug=agent_id).first()
+        agent = cached(("agent", agent_id), Agent.objects.filter(slug=agent_id).first)
         if agent is None:
             raise RelayError(404, f"No agent '{agent_id}'.", code="agent_not_found")
         if agent.system_prompt:
@@ -209,7 +210,8 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     cost = prompt_estimate + (max_tokens or settings.LYCEUM_RELAY_RESERVE_TOKENS)
     user_text = next((m.content for m in reversed(parsed) if m.role == "user"), "")
     try:
-        admission = limits.admit(limits.policies_for(user, api_key), cost)
+        policies = cached(("limits", api_key.pk), lambda: limits.policies_for(user, api_key))
+        admission = limits.admit(policies, cost)
     except limits.Refused as exc:
         _record_refusal(user, api_key, model, stream, session_key, agent_id, exc)
         raise RelayError(
