@@ -125,10 +125,11 @@ print(create_api_key(user)[1])
     return env, out.stdout.strip().splitlines()[-1]
 
 
-def start_daphne(env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+def start_daphne(env: dict[str, str], nodelay: bool) -> tuple[subprocess.Popen[str], int]:
     port = _free_port()
+    launcher = [PY, str(ROOT / "bench" / "daphne_nodelay.py")] if nodelay else [PY, "-m", "daphne"]
     popen = subprocess.Popen(
-        [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
+        [*launcher, "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -214,6 +215,7 @@ def main() -> None:
     parser.add_argument(
         "--redis", default="", help="REDIS_URL for the relay's limits (default: the database)"
     )
+    parser.add_argument("--nodelay", action="store_true", help="Daphne with TCP_NODELAY")
     parser.add_argument("--pipe", nargs=2, type=int, metavar=("PORT", "UPSTREAM"))
     args = parser.parse_args()
     if args.pipe:
@@ -236,7 +238,10 @@ def main() -> None:
     db = tempfile.mktemp(prefix="bench-relay-", suffix=".sqlite3")
     env, key = setup_relay(fake_port, db, args.redis)
     print(f"relay limits in {'Redis' if args.redis else 'the database (SQLite)'}")
-    daphne, relay_port = start_daphne(env)
+    daphne, relay_port = start_daphne(env, args.nodelay)
+    print(
+        f"Daphne {'with TCP_NODELAY (bench/daphne_nodelay.py)' if args.nodelay else 'as shipped'}"
+    )
     targets = {
         "direct": (fake_port, "/v1/chat/completions", "fake-model", None),
         "pipe": (pipe_port, "/v1/chat/completions", "fake-model", pipe.pid),
@@ -333,7 +338,11 @@ def main() -> None:
     finally:
         for proc in (daphne, pipe, fake):
             proc.terminate()
-            proc.wait(5)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
         for suffix in ("", "-wal", "-shm"):
             Path(db + suffix).unlink(missing_ok=True)
 

@@ -101,7 +101,8 @@ def seconds_to_next_period(when: datetime | None = None) -> int:
 def used_in_period(scope: str, period: str) -> int:
     """Tokens the usage records of ``scope`` count in ``period`` (seeds a counter)."""
     year, month = (int(part) for part in period.split("-"))
-    kind, _, ident = scope.partition(":")
+    kind, _, raw_ident = scope.partition(":")
+    ident = int(raw_ident)
     records = UsageRecord.objects.filter(created_at__year=year, created_at__month=month)
     records = records.filter(user_id=ident) if kind == "user" else records.filter(api_key_id=ident)
     total = records.aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))

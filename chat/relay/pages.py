@@ -5,6 +5,8 @@ Staff see everyone's (and may pick one user with ``?user=<username>``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth import get_user_model
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -14,11 +16,11 @@ from chat.models import UsageRecord
 from chat.relay import limits, usage
 
 
-def access_usage(request: HttpRequest):
+def access_usage(request: HttpRequest) -> tuple[Any, Any]:
     """The records the requester may see, and whose they are (None: everyone's)."""
     records = UsageRecord.objects.select_related("user")
     if not request.user.is_staff:
-        return records.filter(user=request.user), request.user
+        return records.filter(user_id=request.user.pk or 0), request.user
     username = request.GET.get("user", "")
     if username:
         who = get_user_model().objects.filter(username=username).first()

@@ -191,7 +191,7 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
         if agent is None:
             raise RelayError(404, f"No agent '{agent_id}'.", code="agent_not_found")
         if agent.system_prompt:
-            messages = [{"role": "system", "content": agent.system_prompt}, *messages]
+            messages = [{"role": "system", "content": agent.system_prompt}, *(messages or [])]
         if not data.get("model"):
             data["model"] = agent.default_model
     model = data.get("model")

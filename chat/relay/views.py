@@ -10,7 +10,13 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.views.decorators.csrf import csrf_exempt
 
 from chat.relay import service
@@ -18,7 +24,7 @@ from chat.relay.service import RelayError
 
 logger = logging.getLogger(__name__)
 
-View = Callable[..., Awaitable[HttpResponse]]
+View = Callable[..., Awaitable[HttpResponseBase]]
 
 
 def error_response(error: RelayError) -> JsonResponse:
@@ -37,7 +43,7 @@ def relay_view(*, method: str) -> Callable[[View], View]:
         @csrf_exempt
         @login_not_required
         @wraps(view)
-        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        async def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             try:
                 if request.method != method:
                     response = error_response(
@@ -70,7 +76,7 @@ def _body(request: HttpRequest) -> bytes:
 
 
 @relay_view(method="POST")
-async def chat_completions(request: HttpRequest) -> HttpResponse:
+async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     data = service.parse_body(_body(request))
     prep = await database_sync_to_async(service.prepare)(request.relay_key, data)  # type: ignore[attr-defined]
     outcome = service.Outcome()

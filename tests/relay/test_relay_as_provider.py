@@ -18,7 +18,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_provider_pointed_at_a_relay(relay):
-    hop = Provider.objects.create(name="hop", base_url=relay.url, api_key=secrets.encrypt(relay.key))
+    hop = Provider.objects.create(
+        name="hop", base_url=relay.url, api_key=secrets.encrypt(relay.key)
+    )
     ProviderModel.objects.create(provider=hop, alias="via-relay", model_id="gpt-relay")
     relay.upstream.enqueue(Script(text="Relayed twice over.", prompt_tokens=5))
     resolved = resolve_model("via-relay")
