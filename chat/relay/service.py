@@ -16,6 +16,7 @@ import asyncio
 import contextvars
 import json
 import logging
+import re
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -418,6 +419,10 @@ async def open_upstream(prep: Prepared, outcome: Outcome) -> httpx.Response:
 # --- streaming ------------------------------------------------------------------------------------
 
 
+# OpenAI sends "usage": null in every chunk when include_usage is on: those need no parsing.
+_NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
+
+
 class StreamScanner:
     """Cuts the upstream's bytes at line ends and notes what the relay needs from them."""
 
@@ -459,7 +464,11 @@ class StreamScanner:
         if not (payload.startswith(b"{") and payload.endswith(b"}")):
             return False
         self.content_events += 1
-        if not (self.capture_text or b'"usage"' in payload or payload.startswith(b'{"error"')):
+        if not (
+            self.capture_text
+            or (b'"usage"' in payload and not _NULL_USAGE.search(payload))
+            or payload.startswith(b'{"error"')
+        ):
             return True
         try:
             chunk = json.loads(payload)

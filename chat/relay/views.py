@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from functools import wraps
@@ -85,6 +86,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     except BaseException as exc:
         if isinstance(exc, RelayError):
             outcome.http_status, outcome.error = exc.status, exc.message
+        elif isinstance(exc, asyncio.CancelledError):
+            outcome.status, outcome.error = "cancelled", "the client disconnected"
         service.background(database_sync_to_async(service.finish)(prep, outcome))
         raise
     if prep.stream:
