@@ -266,3 +266,6 @@ LYCEUM_RELAY_TIMEOUT = env_float("LYCEUM_RELAY_TIMEOUT", 300.0, minimum=1)
 LYCEUM_RELAY_PASS_FIELDS = env_list("LYCEUM_RELAY_PASS_FIELDS", ["plan_mode", "subagent_enabled"])
 # API keys, the whitelist, pools and limits are remembered this long per process (0: off).
 LYCEUM_RELAY_CACHE_SECONDS = env_float("LYCEUM_RELAY_CACHE_SECONDS", 2.0, minimum=0)
+# The relay reads a streaming upstream at most this often (the first read at once): tokens
+# that arrive in between go on together, for a fraction of the CPU. 0: read as data arrives.
+LYCEUM_RELAY_READ_INTERVAL = env_float("LYCEUM_RELAY_READ_INTERVAL", 0.02, minimum=0)

@@ -509,6 +509,11 @@ async def relay_stream(
     """The upstream's SSE bytes for the client; the outcome is recorded however it ends."""
     scanner = StreamScanner(capture_text=bool(prep.session_key))
     idle = settings.LYCEUM_RELAY_IDLE_TIMEOUT
+    network: Any = response.extensions.get("network_stream")
+    interval = settings.LYCEUM_RELAY_READ_INTERVAL
+    paced = interval > 0 and hasattr(network, "pace_reads")
+    if paced:  # one read per interval carries every token that arrived meanwhile
+        network.pace_reads(interval)
     reads = response.aiter_raw().__aiter__()
     outcome.http_status = 200
     tail = b""
@@ -546,6 +551,8 @@ async def relay_stream(
         outcome.status, outcome.error = "cancelled", "the client disconnected"
         raise
     finally:
+        if paced:
+            network.pace_reads(0.0)
         _stream_outcome(outcome, scanner, prep)
         background(_close_and_finish(response, prep, outcome, done))
     if tail:
