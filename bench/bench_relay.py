@@ -99,6 +99,11 @@ def setup_relay(upstream_port: int, db: str, redis: str) -> tuple[dict[str, str]
         "REDIS_URL": redis,
         "LYCEUM_REDIS_PREFIX": f"bench-relay-{os.getpid()}",
         "LOG_LEVEL": "WARNING",
+        # As in production: DEBUG off (no SQL kept per query), plain HTTP on loopback.
+        "DEBUG": "0",
+        "SECRET_KEY": "bench-relay-secret-key-0123456789-abcdefghijklmnopqrstuvwxyz",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "SECURE_SSL_REDIRECT": "0",
         "LYCEUM_RELAY_RPM": "1000000",
         "LYCEUM_RELAY_BURST": "100000",
     }
