@@ -273,6 +273,7 @@ def _record_send(
     edit_of: int | None,
     attachments: list[str] | None = None,
 ) -> SendResult:
+    _check_budget(chat)
     live = transitions.live_run(chat, lock=True)
     attached = _attached_versions(chat, attachments or [])
     context_text, images = _with_attachments(chat, text, attached)
@@ -426,11 +427,22 @@ def _model_takes_images(alias: str) -> bool:
 
 def _start_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY) -> Run:
     """A run for ``chat``, launched after the commit (call inside a transaction)."""
+    _check_budget(chat)
     if transitions.live_run(chat, lock=True) is not None:
         raise ActionError("Wait for the current reply to finish.", "busy")
     run = transitions.new_run(chat, kind=kind)
     launch_on_commit(str(run.pk))
     return run
+
+
+def _check_budget(chat: ChatSession) -> None:
+    """Chat runs spend the same monthly budget as the relay (chat/relay/limits.py)."""
+    from chat.relay import limits
+
+    try:
+        limits.check_run(chat.owner)
+    except limits.Refused as exc:
+        raise ActionError(exc.message, "over_budget") from None
 
 
 def _last_user_index(context: list[ChatMessage]) -> int:
@@ -548,3 +560,33 @@ def decide_approval(
         run_id = transitions.record_decision(approval)
         launch_on_commit(run_id, resume=True)
     return DecideResult(run_id, approval.status)
+
+
+# --- the relay --------------------------------------------------------------------------------------
+
+
+def record_relay_exchange(user, session_key: str, user_text: str, reply_text: str, model: str):
+    """Append a relayed request's user message and its reply to the chat named after
+    ``session_key`` (made on first use), display and context alike, in one transaction;
+    the doorbell rings on commit, so an open page shows it live. Returns the chat."""
+    from chat.core.channels import LiveChannels
+    from chat.models import RelaySession
+
+    with transaction.atomic():
+        link = (
+            RelaySession.objects.select_related("chat")
+            .filter(user=user, session_key=session_key)
+            .first()
+        )
+        if link is None:
+            chat = store.create_chat(user, title=session_key[:200], model=model)
+            link = RelaySession.objects.create(user=user, session_key=session_key, chat=chat)
+        chat = link.chat
+        context = store.load_context(chat.pk)
+        channels = LiveChannels(context=list(context))
+        channels.push_both(ChatMessage(role="user", content=user_text))
+        channels.push_both(ChatMessage(role="assistant", content=reply_text))
+        rows = store.append_display_messages(chat.pk, channels.display)
+        store.persist_context(chat.pk, channels.context, len(context))
+        ring(chat.pk, rows)
+    return chat

@@ -1,7 +1,19 @@
 from django import forms
 from django.contrib import admin
 
-from chat.models import Agent, ApiKey, ChatEvent, ChatSession, Provider, ProviderModel, Run
+from chat.models import (
+    Agent,
+    ApiKey,
+    ChatEvent,
+    ChatSession,
+    Provider,
+    ProviderKey,
+    ProviderModel,
+    RelayLimit,
+    Run,
+    UsageRecord,
+)
+from chat.relay import secrets
 
 
 @admin.register(ChatSession)
@@ -31,7 +43,44 @@ class ChatEventAdmin(admin.ModelAdmin):
 class ProviderModelInline(admin.TabularInline):
     model = ProviderModel
     extra = 1
-    fields = ["alias", "model_id", "context_window", "enabled"]
+    fields = [
+        "alias",
+        "model_id",
+        "context_window",
+        "max_output_tokens",
+        "accepts_images",
+        "enabled",
+    ]
+
+
+class ProviderKeyForm(forms.ModelForm):
+    """A pool key: written encrypted, never rendered back (empty keeps the stored one)."""
+
+    secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Leave empty to keep the current key.",
+    )
+
+    class Meta:
+        model = ProviderKey
+        fields = ["label", "secret", "enabled"]
+
+    def clean_secret(self):
+        raw = self.cleaned_data.get("secret") or ""
+        if raw:
+            return secrets.encrypt(raw)
+        if self.instance.pk:
+            return ProviderKey.objects.get(pk=self.instance.pk).secret
+        raise forms.ValidationError("Enter the key.")
+
+
+class ProviderKeyInline(admin.TabularInline):
+    model = ProviderKey
+    form = ProviderKeyForm
+    extra = 1
+    fields = ["label", "secret", "enabled", "requests", "failures", "last_status", "cooldown_until"]
+    readonly_fields = ["requests", "failures", "last_status", "cooldown_until"]
 
 
 class ProviderForm(forms.ModelForm):
@@ -60,7 +109,7 @@ class ProviderAdmin(admin.ModelAdmin):
 
     form = ProviderForm
     list_display = ["name", "kind", "base_url", "enabled"]
-    inlines = [ProviderModelInline]
+    inlines = [ProviderModelInline, ProviderKeyInline]
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
@@ -73,6 +122,8 @@ class ProviderAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         if change and not form.cleaned_data.get("api_key"):
             obj.api_key = Provider.objects.get(pk=obj.pk).api_key
+        elif obj.api_key and not secrets.is_encrypted(obj.api_key):
+            obj.api_key = secrets.encrypt(obj.api_key)  # stored encrypted, never in clear
         super().save_model(request, obj, form, change)
 
 
@@ -93,3 +144,32 @@ class RunAdmin(admin.ModelAdmin):
 class ApiKeyAdmin(admin.ModelAdmin):
     list_display = ["prefix", "user", "name", "created_at", "last_used_at", "revoked_at"]
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
+
+
+@admin.register(RelayLimit)
+class RelayLimitAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "user", "api_key", "requests_per_minute", "burst", "monthly_tokens"]
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "user",
+        "source",
+        "model",
+        "status",
+        "prompt_tokens",
+        "completion_tokens",
+        "estimated",
+        "latency_ms",
+        "ttft_ms",
+    ]
+    list_filter = ["source", "status", "model", "estimated"]
+    search_fields = ["user__username", "session_key", "agent_id"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -29,6 +29,12 @@ def create_api_key(user, name: str = "") -> tuple[ApiKey, str]:
 
 def authenticate_key(raw: str):
     """The active user owning ``raw``, or None."""
+    key = authenticate_api_key(raw)
+    return None if key is None else key.user
+
+
+def authenticate_api_key(raw: str) -> ApiKey | None:
+    """The active key ``raw`` (with its active user), or None."""
     if not raw or not raw.startswith(KEY_PREFIX) or len(raw) > 200:
         return None
     key = (
@@ -41,7 +47,7 @@ def authenticate_key(raw: str):
     now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > LAST_USED_RESOLUTION:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-    return key.user
+    return key
 
 
 def revoke_api_key(user, key_id) -> bool:

@@ -25,6 +25,7 @@ from chat.llm.demo import DemoProvider
 from chat.llm.openai import OpenAIProvider
 from chat.llm.types import Provider as LLMProvider
 from chat.models import Agent, Provider, ProviderModel
+from chat.relay.secrets import decrypt
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ def _provider_for(choice: ModelChoice) -> LLMProvider:
         row = Provider.objects.get(name=choice.provider_name)
         if row.kind == Provider.Kind.DEMO:
             return _demo(choice.model_id)
-        config = (row.name, row.base_url, row.api_key)
+        config = (row.name, row.base_url, decrypt(row.api_key))
     return _kept_provider(config)
 
 

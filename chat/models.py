@@ -92,6 +92,7 @@ class ProviderModel(models.Model):
     alias = models.CharField(max_length=100, unique=True)
     model_id = models.CharField(max_length=200)
     context_window = models.PositiveIntegerField(default=32_000)
+    max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
     enabled = models.BooleanField(default=True)
     accepts_images = models.BooleanField(
         default=False, help_text="the model takes images as input (attached images go to it)"
@@ -349,3 +350,122 @@ class ArtifactVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.artifact_id} v{self.number}"
+
+
+# --- the relay (chat/relay/) ------------------------------------------------------------------
+
+
+class ProviderKey(models.Model):
+    """One upstream key of a provider's pool, stored encrypted (``chat.relay.secrets``)."""
+
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="keys")
+    label = models.CharField(max_length=64, blank=True, help_text="shown instead of the key")
+    secret = models.TextField(help_text="encrypted at rest; never shown")
+    enabled = models.BooleanField(default=True)
+    cooldown_until = models.DateTimeField(null=True, blank=True)
+    requests = models.PositiveBigIntegerField(default=0)
+    failures = models.PositiveBigIntegerField(default=0)
+    last_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=200, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.provider_id}/{self.label or self.pk}"
+
+
+class RelayLimit(models.Model):
+    """Limits of one user, or of one API key (which then also applies); empty = the default."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="relay_limit",
+    )
+    api_key = models.OneToOneField(
+        "ApiKey", null=True, blank=True, on_delete=models.CASCADE, related_name="relay_limit"
+    )
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    burst = models.PositiveIntegerField(null=True, blank=True)
+    monthly_tokens = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="0 = no budget; empty = the site default"
+    )
+
+    def __str__(self) -> str:
+        return f"limits of {self.user_id or ''}{'key ' + str(self.api_key_id) if self.api_key_id else ''}"
+
+
+class UsageCounter(models.Model):
+    """Admission state of one scope (a user or an API key) in one month, without Redis."""
+
+    scope = models.CharField(max_length=64)
+    period = models.CharField(max_length=7)  # "2026-01"
+    used_tokens = models.BigIntegerField(default=0)
+    reserved_tokens = models.BigIntegerField(default=0)
+    bucket = models.FloatField(default=-1.0)  # requests left in the burst; -1 = full
+    bucket_at = models.FloatField(default=0.0)  # Unix time of the last refill
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "period"], name="usage_counter_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.period}"
+
+
+class UsageRecord(models.Model):
+    """One relay request, or one chat run (``source``), with what it cost."""
+
+    class Source(models.TextChoices):
+        RELAY = "relay"
+        CHAT = "chat"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_records"
+    )
+    api_key = models.ForeignKey("ApiKey", null=True, blank=True, on_delete=models.SET_NULL)
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.RELAY)
+    run = models.OneToOneField("Run", null=True, blank=True, on_delete=models.SET_NULL)
+    model = models.CharField(max_length=200, blank=True)
+    provider = models.CharField(max_length=64, blank=True)
+    provider_key = models.ForeignKey(ProviderKey, null=True, blank=True, on_delete=models.SET_NULL)
+    stream = models.BooleanField(default=False)
+    status = models.CharField(max_length=16)  # ok, failed, cancelled, refused
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.CharField(max_length=200, blank=True)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    estimated = models.BooleanField(default=False)
+    latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    session_key = models.CharField(max_length=200, blank=True)
+    agent_id = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "-created_at"], name="usage_user_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.model} {self.status}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class RelaySession(models.Model):
+    """The chat a relay ``session_key`` of one user writes to."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    session_key = models.CharField(max_length=200)
+    chat = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "session_key"], name="relay_session_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.session_key

@@ -285,3 +285,28 @@ LYCEUM_ATTACHMENT_KINDS = env_list(
 )
 # Text of attached files put into the message's context, at most (a note says when cut).
 LYCEUM_ATTACHMENT_CONTEXT_CHARS = env_int("LYCEUM_ATTACHMENT_CONTEXT_CHARS", 20_000, minimum=100)
+# --- The relay (chat/relay/) --------------------------------------------------------------------
+# Provider keys are encrypted with a key derived from this (SECRET_KEY when unset); after
+# changing it, put the previous one in ..._OLD and run `manage.py rotate_provider_keys`.
+LYCEUM_PROVIDER_KEY_SECRET = env_str("LYCEUM_PROVIDER_KEY_SECRET")
+LYCEUM_PROVIDER_KEY_SECRET_OLD = env_str("LYCEUM_PROVIDER_KEY_SECRET_OLD")
+# Per user (and per API key with its own limits): requests per minute refilling a bucket of
+# `burst` requests, and a monthly token budget (0 = none). Admins set others per user.
+LYCEUM_RELAY_RPM = env_int("LYCEUM_RELAY_RPM", 60, minimum=1)
+LYCEUM_RELAY_BURST = env_int("LYCEUM_RELAY_BURST", 10, minimum=1)
+LYCEUM_MONTHLY_TOKENS = env_int("LYCEUM_MONTHLY_TOKENS", 0, minimum=0)
+# Tokens held against the budget while a request runs that names no max_tokens.
+LYCEUM_RELAY_RESERVE_TOKENS = env_int("LYCEUM_RELAY_RESERVE_TOKENS", 1024, minimum=0)
+# A pool key that answered 429 or 401/403 is left alone this long.
+LYCEUM_RELAY_KEY_COOLDOWN = env_float("LYCEUM_RELAY_KEY_COOLDOWN", 60.0, minimum=0)
+# Upstream: the first byte (headers) and then the gap between reads; the whole request.
+LYCEUM_RELAY_FIRST_BYTE_TIMEOUT = env_float("LYCEUM_RELAY_FIRST_BYTE_TIMEOUT", 60.0, minimum=0.01)
+LYCEUM_RELAY_IDLE_TIMEOUT = env_float("LYCEUM_RELAY_IDLE_TIMEOUT", 60.0, minimum=0.01)
+LYCEUM_RELAY_TIMEOUT = env_float("LYCEUM_RELAY_TIMEOUT", 300.0, minimum=1)
+# Body fields outside the Chat Completions API that are still passed to the upstream.
+LYCEUM_RELAY_PASS_FIELDS = env_list("LYCEUM_RELAY_PASS_FIELDS", ["plan_mode", "subagent_enabled"])
+# API keys, the whitelist, pools and limits are remembered this long per process (0: off).
+LYCEUM_RELAY_CACHE_SECONDS = env_float("LYCEUM_RELAY_CACHE_SECONDS", 2.0, minimum=0)
+# The relay reads a streaming upstream at most this often (the first read at once): tokens
+# that arrive in between go on together, for a fraction of the CPU. 0: read as data arrives.
+LYCEUM_RELAY_READ_INTERVAL = env_float("LYCEUM_RELAY_READ_INTERVAL", 0.02, minimum=0)

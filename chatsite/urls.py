@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from chat.relay.pages import usage_page
+
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
@@ -17,6 +19,8 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     path("api/v1/classrooms/", include("classroom.api_urls")),
+    path("api/v1/relay/", include("chat.relay.urls")),
+    path("usage/", usage_page, name="usage"),
     path("api/v1/", include("chat.api.urls")),
     path("classes/", include("classroom.urls")),
     path("", include("chat.urls")),

@@ -28,6 +28,7 @@ from chat.core.messages import ChatMessage
 from chat.live.doorbell import ring
 from chat.llm.types import ErrorCategory, Usage
 from chat.models import ChatSession, QueuedInput, Run, ToolApproval
+from chat.relay.usage import record_run_usage
 from chat.runhost import setup
 from chat.runhost.host import DjangoRunHost, partial_message, stamp
 
@@ -269,6 +270,7 @@ def finish_run(
         )
         if not updated:
             return False
+        record_run_usage(run, usage, status)  # the same budget as the relay (chat/relay)
         # A run that ended before taking the message that started it (an early cancel)
         # must not leave it for the next run to answer.
         QueuedInput.objects.filter(run=run.pk, consumed=False).update(consumed=True)

@@ -1,0 +1,305 @@
+"""Rate limits and monthly token budgets, per user and per API key, that hold under concurrency.
+
+A *policy* is one scope's limits: a bucket of ``burst`` requests refilled at
+``requests_per_minute``, and a monthly token budget (0: none). A request is admitted
+when every policy that applies lets it through, all at once or not at all:
+
+* the bucket has a whole request left (it is taken);
+* what the request may cost (its prompt estimate plus ``max_tokens``, or
+  ``LYCEUM_RELAY_RESERVE_TOKENS``) fits in the budget beside the tokens already used and
+  those held by requests still running (it is held).
+
+When the request ends, :func:`settle` swaps what was held for what was used. With
+``REDIS_URL`` the check-and-take is one Lua script (atomic in Redis); without it, one
+transaction with the scopes' ``UsageCounter`` rows locked (``select_for_update``; SQLite's
+IMMEDIATE transactions serialise it the same way). Chat runs add their tokens with
+:func:`add_used` and are checked with :func:`check_run`: the same budget for the UI and
+the relay.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q, Sum
+
+from chat.models import RelayLimit, UsageCounter, UsageRecord
+
+
+@dataclass(frozen=True)
+class Policy:
+    scope: str  # "user:<id>" or "key:<id>"
+    requests_per_minute: int
+    burst: int
+    monthly_tokens: int  # 0: no budget
+
+
+class Refused(Exception):
+    """Over a limit: answer 429 with ``Retry-After: retry_after``."""
+
+    def __init__(self, reason: str, retry_after: int, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # "rate_limit" or "budget"
+        self.retry_after = max(1, retry_after)
+        self.message = message
+
+
+@dataclass
+class Admission:
+    policies: list[Policy]
+    period: str
+    held: int  # tokens held against each budget
+    settled: bool = field(default=False)
+
+
+def policies_for(user: Any, api_key: Any = None) -> list[Policy]:
+    rows = {
+        ("user" if row.user_id else "key"): row
+        for row in RelayLimit.objects.filter(
+            Q(user=user) | (Q(api_key=api_key) if api_key is not None else Q(pk__in=[]))
+        )
+    }
+    policies = [_policy(f"user:{user.pk}", rows.get("user"))]
+    if "key" in rows:
+        policies.append(_policy(f"key:{api_key.pk}", rows["key"]))
+    return policies
+
+
+def _policy(scope: str, row: RelayLimit | None) -> Policy:
+    def pick(name: str, default: int) -> int:
+        value = getattr(row, name, None) if row is not None else None
+        return default if value is None else int(value)
+
+    return Policy(
+        scope,
+        max(1, pick("requests_per_minute", settings.LYCEUM_RELAY_RPM)),
+        max(1, pick("burst", settings.LYCEUM_RELAY_BURST)),
+        pick("monthly_tokens", settings.LYCEUM_MONTHLY_TOKENS),
+    )
+
+
+def period_of(when: datetime | None = None) -> str:
+    when = when or datetime.now(UTC)
+    return f"{when.year:04d}-{when.month:02d}"
+
+
+def seconds_to_next_period(when: datetime | None = None) -> int:
+    when = when or datetime.now(UTC)
+    days = calendar.monthrange(when.year, when.month)[1]
+    end = datetime(when.year, when.month, days, tzinfo=UTC).timestamp() + 86400
+    return max(1, math.ceil(end - when.timestamp()))
+
+
+def used_in_period(scope: str, period: str) -> int:
+    """Tokens the usage records of ``scope`` count in ``period`` (seeds a counter)."""
+    year, month = (int(part) for part in period.split("-"))
+    kind, _, raw_ident = scope.partition(":")
+    ident = int(raw_ident)
+    records = UsageRecord.objects.filter(created_at__year=year, created_at__month=month)
+    records = records.filter(user_id=ident) if kind == "user" else records.filter(api_key_id=ident)
+    total = records.aggregate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
+    return int(total["p"] or 0) + int(total["c"] or 0)
+
+
+def admit(policies: list[Policy], cost: int, *, take: bool = True, hold: bool = True) -> Admission:
+    """Take one request from every bucket and hold ``cost`` tokens, or raise :class:`Refused`."""
+    period = period_of()
+    if settings.REDIS_URL:
+        _redis_admit(policies, period, cost, take, hold)
+    else:
+        _db_admit(policies, period, cost, take, hold)
+    return Admission(policies, period, cost if hold else 0)
+
+
+def settle(admission: Admission, used: int) -> None:
+    """The request ended: release what it held, count what it used (once)."""
+    if admission.settled:
+        return
+    admission.settled = True
+    _change(admission.policies, admission.period, used=used, held=-admission.held)
+
+
+def add_used(policies: list[Policy], used: int) -> None:
+    """Count tokens used outside the relay (a chat run)."""
+    if used:
+        _change(policies, period_of(), used=used, held=0)
+
+
+def check_run(user: Any) -> None:
+    """Refuse a chat run when the user's budget is spent (the bucket is the relay's alone)."""
+    policy = policies_for(user)[0]
+    if policy.monthly_tokens:
+        admit([policy], 1, take=False, hold=False)
+
+
+def _change(policies: list[Policy], period: str, *, used: int, held: int) -> None:
+    budgeted = [p for p in policies if p.monthly_tokens]
+    if not budgeted or (not used and not held):
+        return
+    if settings.REDIS_URL:
+        client = _redis()
+        pipe = client.pipeline(transaction=True)
+        for policy in budgeted:
+            key = _budget_key(policy.scope, period)
+            if client.exists(key):
+                pipe.hincrby(key, "used", used)
+                pipe.hincrby(key, "held", held)
+        pipe.execute()
+        return
+    UsageCounter.objects.filter(scope__in=[p.scope for p in budgeted], period=period).update(
+        used_tokens=F("used_tokens") + used, reserved_tokens=F("reserved_tokens") + held
+    )
+
+
+def _refusal(reason: str, wait: float) -> Refused:
+    if reason == "budget":
+        return Refused(
+            "budget",
+            seconds_to_next_period(),
+            "The monthly token budget is spent (or too little is left for this request's "
+            "max_tokens).",
+        )
+    return Refused(
+        "rate_limit", math.ceil(wait), "Too many requests: slow down and retry after a moment."
+    )
+
+
+# --- the database ---------------------------------------------------------------------------
+
+
+def _db_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: bool) -> None:
+    now = time.time()
+    with transaction.atomic():
+        counters = [_locked_counter(p, period) for p in policies]
+        wait, reason = 0.0, ""
+        levels = []
+        for policy, counter in zip(policies, counters, strict=True):
+            level = _refill(policy, counter.bucket, counter.bucket_at, now)
+            levels.append(level)
+            if take and level < 1:
+                wait = max(wait, (1 - level) * 60 / policy.requests_per_minute)
+                reason = reason or "rate_limit"
+            budget = policy.monthly_tokens
+            if budget and counter.used_tokens + counter.reserved_tokens + cost > budget:
+                reason = "budget"
+        if reason:
+            raise _refusal(reason, wait)
+        for policy, counter, level in zip(policies, counters, levels, strict=True):
+            updates: dict[str, Any] = {}
+            if take:
+                updates.update(bucket=level - 1, bucket_at=now)
+            if hold and policy.monthly_tokens:
+                updates["reserved_tokens"] = F("reserved_tokens") + cost
+            if updates:
+                UsageCounter.objects.filter(pk=counter.pk).update(**updates)
+
+
+def _refill(policy: Policy, bucket: float, at: float, now: float) -> float:
+    if bucket < 0:
+        return float(policy.burst)
+    return min(float(policy.burst), bucket + max(0.0, now - at) * policy.requests_per_minute / 60)
+
+
+def _locked_counter(policy: Policy, period: str) -> UsageCounter:
+    counter = UsageCounter.objects.select_for_update().filter(scope=policy.scope, period=period)
+    row = counter.first()
+    if row is not None:
+        return row
+    try:
+        with transaction.atomic():
+            UsageCounter.objects.create(
+                scope=policy.scope, period=period, used_tokens=used_in_period(policy.scope, period)
+            )
+    except IntegrityError:
+        pass  # another request created it first
+    return counter.get()
+
+
+# --- Redis ----------------------------------------------------------------------------------
+
+# KEYS: bucket and budget key of each policy. ARGV: now, cost, take, hold, then per policy
+# rpm, burst, budget. Returns {1} (admitted), {0, reason, wait} or {-1, i} (seed budget i).
+_ADMIT = """
+local now, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
+local take, hold = ARGV[3] == '1', ARGV[4] == '1'
+local n = #KEYS / 2
+local levels, wait, reason = {}, 0, ''
+for i = 1, n do
+  local rpm, burst = tonumber(ARGV[2 + 3 * i]), tonumber(ARGV[3 + 3 * i])
+  local budget = tonumber(ARGV[4 + 3 * i])
+  if take then
+    local b = redis.call('HMGET', KEYS[2 * i - 1], 'level', 'at')
+    local level, at = tonumber(b[1]), tonumber(b[2])
+    if level == nil then level = burst else level = math.min(burst, level + math.max(0, now - at) * rpm / 60) end
+    levels[i] = level
+    if level < 1 then
+      wait = math.max(wait, (1 - level) * 60 / rpm)
+      if reason == '' then reason = 'rate_limit' end
+    end
+  end
+  if budget > 0 then
+    local u = redis.call('HMGET', KEYS[2 * i], 'used', 'held')
+    if u[1] == false then return {-1, i} end
+    if tonumber(u[1]) + (tonumber(u[2]) or 0) + cost > budget then reason = 'budget' end
+  end
+end
+if reason ~= '' then return {0, reason, tostring(wait)} end
+for i = 1, n do
+  local rpm, burst = tonumber(ARGV[2 + 3 * i]), tonumber(ARGV[3 + 3 * i])
+  if take then
+    redis.call('HSET', KEYS[2 * i - 1], 'level', tostring(levels[i] - 1), 'at', tostring(now))
+    redis.call('EXPIRE', KEYS[2 * i - 1], math.ceil(burst * 60 / rpm) + 60)
+  end
+  if hold and tonumber(ARGV[4 + 3 * i]) > 0 then redis.call('HINCRBY', KEYS[2 * i], 'held', cost) end
+end
+return {1}
+"""
+
+
+@lru_cache(maxsize=2)
+def _redis_for(url: str) -> Any:
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=5)
+
+
+def _redis() -> Any:
+    return _redis_for(settings.REDIS_URL)
+
+
+def _prefix() -> str:
+    return f"{settings.LYCEUM_REDIS_PREFIX}:relay"
+
+
+def _budget_key(scope: str, period: str) -> str:
+    return f"{_prefix()}:budget:{scope}:{period}"
+
+
+def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: bool) -> None:
+    client = _redis()
+    keys: list[str] = []
+    args: list[Any] = [repr(time.time()), cost, int(take), int(hold)]
+    for policy in policies:
+        keys += [f"{_prefix()}:bucket:{policy.scope}", _budget_key(policy.scope, period)]
+        args += [policy.requests_per_minute, policy.burst, policy.monthly_tokens]
+    script = client.register_script(_ADMIT)
+    for _ in range(len(policies) + 1):
+        result = script(keys=keys, args=args)
+        if int(result[0]) == 1:
+            return
+        if int(result[0]) == 0:
+            reason = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
+            raise _refusal(reason, float(result[2]))
+        policy = policies[int(result[1]) - 1]  # a budget not in Redis yet: seed it from records
+        key = _budget_key(policy.scope, period)
+        client.hsetnx(key, "used", used_in_period(policy.scope, period))
+        client.expire(key, 40 * 86400)
+    raise RuntimeError("could not seed the budget counters")

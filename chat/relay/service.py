@@ -1,0 +1,713 @@
+"""The relay's work: admit a request, call the upstream with a pool key, pass its stream on.
+
+``prepare`` (sync, one trip to the database thread) authenticates, checks the body, the
+whitelist and the agent, takes the limits and picks the upstream keys. ``open_upstream``
+sends the request, moving to the next key when one fails before its first byte.
+``relay_stream`` passes the upstream's SSE bytes on as they come, cut only at line ends:
+each ``data:`` line is looked at (is it JSON-shaped, is it ``[DONE]``, an error, the usage
+chunk) but parsed only when it carries usage or an error, or when ``session_key`` needs the
+reply's text. ``finish`` (sync) writes the one usage record, settles the limits and stores
+the exchange.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import re
+import time
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import transaction
+
+from chat.apikeys import authenticate_api_key, hash_key
+from chat.catalog import ModelChoice, available_models
+from chat.core.tokens import estimate_text_tokens, estimate_tokens
+from chat.llm.netbackend import AsyncioTransport, environment_proxy_for
+from chat.llm.openai import scrub_secret
+from chat.llm.retry import error_fields, parse_retry_after, short_detail
+from chat.llm.wire import WireError, messages_from_openai
+from chat.models import Agent, ApiKey, UsageRecord
+from chat.relay import limits, pool
+from chat.relay.ttlcache import cached
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+USER_AGENT = "lyceum-relay/1.0"
+# The Chat Completions request fields passed to the upstream; others are dropped unless
+# named in LYCEUM_RELAY_PASS_FIELDS. session_key and agent_id are the relay's own.
+OPENAI_FIELDS = frozenset(
+    [
+        "messages",
+        "model",
+        "stream",
+        "stream_options",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "max_tokens",
+        "max_completion_tokens",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "seed",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "reasoning_effort",
+        "modalities",
+        "prediction",
+        "audio",
+        "service_tier",
+        "metadata",
+        "store",
+        "web_search_options",
+        "verbosity",
+        "functions",
+        "function_call",
+    ]
+)
+
+
+class RelayError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        *,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code = status, message, type_, code
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+
+@dataclass
+class Prepared:
+    user: Any
+    api_key: ApiKey
+    choice: ModelChoice
+    upstream: pool.Upstream
+    body: bytes  # what goes to the upstream
+    stream: bool
+    admission: limits.Admission
+    prompt_estimate: int
+    session_key: str = ""
+    agent_id: str = ""
+    user_text: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Outcome:
+    status: str = "failed"  # ok, failed, cancelled
+    http_status: int | None = None
+    error: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usage_seen: bool = False
+    completion_estimate: int = 0
+    ttft: float | None = None
+    key: pool.PoolKey | None = None
+    attempts: list[pool.KeyOutcome] = field(default_factory=list)
+    reply_text: str = ""
+
+
+# --- admission ----------------------------------------------------------------------------------
+
+
+def authenticate(raw_key: str) -> ApiKey:
+    key = cached(("key", hash_key(raw_key)), lambda: authenticate_api_key(raw_key))
+    if key is None:
+        raise RelayError(
+            401,
+            "Incorrect API key provided: send a Lyceum API key as 'Authorization: Bearer <key>'.",
+            "authentication_error",
+            "invalid_api_key",
+        )
+    return key
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    if len(raw) > MAX_BODY_BYTES:
+        raise RelayError(413, "The request body is too large.", code="request_too_large")
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        raise RelayError(400, "The body must be JSON.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise RelayError(400, "The body must be a JSON object.", code="invalid_json")
+    return data
+
+
+def find_model(name: str) -> ModelChoice:
+    choices = cached("models", available_models)
+    for choice in choices:
+        if choice.alias == name:
+            return choice
+    for choice in choices:
+        if choice.model_id == name and choice.provider_name != "demo":
+            return choice
+    raise RelayError(
+        404,
+        f"The model '{name}' does not exist or you do not have access to it.",
+        code="model_not_found",
+    )
+
+
+def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
+    """Everything before the upstream call (sync: call on the database thread)."""
+    user = api_key.user
+    session_key = _optional_str(data, "session_key", 200)
+    agent_id = _optional_str(data, "agent_id", 64)
+    messages = data.get("messages")
+    try:
+        parsed = messages_from_openai(messages)
+    except WireError as exc:
+        raise RelayError(400, str(exc), code="invalid_messages") from None
+    if not parsed:
+        raise RelayError(400, "'messages' must not be empty.", code="invalid_messages")
+    if agent_id:
+        agent = cached(("agent", agent_id), Agent.objects.filter(slug=agent_id).first)
+        if agent is None:
+            raise RelayError(404, f"No agent '{agent_id}'.", code="agent_not_found")
+        if agent.system_prompt:
+            messages = [{"role": "system", "content": agent.system_prompt}, *(messages or [])]
+        if not data.get("model"):
+            data["model"] = agent.default_model
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise RelayError(400, "'model' is required.", code="missing_model")
+    choice = find_model(model)
+    if choice.provider_name == "demo":
+        raise RelayError(
+            404, f"The model '{model}' is not served by the relay.", code="model_not_found"
+        )
+    stream = data.get("stream") is True
+    max_tokens = data.get("max_completion_tokens") or data.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise RelayError(400, "'max_tokens' must be a positive integer.", code="invalid_max_tokens")
+    prompt_estimate = estimate_tokens(parsed)
+    cost = prompt_estimate + (max_tokens or settings.LYCEUM_RELAY_RESERVE_TOKENS)
+    user_text = next((m.content for m in reversed(parsed) if m.role == "user"), "")
+    try:
+        policies = cached(("limits", api_key.pk), lambda: limits.policies_for(user, api_key))
+        admission = limits.admit(policies, cost)
+    except limits.Refused as exc:
+        _record_refusal(user, api_key, model, stream, session_key, agent_id, exc)
+        raise RelayError(
+            429,
+            exc.message,
+            "rate_limit_error" if exc.reason == "rate_limit" else "insufficient_quota",
+            "rate_limit_exceeded" if exc.reason == "rate_limit" else "insufficient_quota",
+            retry_after=exc.retry_after,
+        ) from None
+    try:
+        upstream = pool.upstream_for(choice.provider_name)
+    except Exception:
+        limits.settle(admission, 0)
+        raise
+    passed = set(settings.LYCEUM_RELAY_PASS_FIELDS)
+    out = {k: v for k, v in data.items() if k in OPENAI_FIELDS or k in passed}
+    out["model"] = choice.model_id
+    out["messages"] = messages
+    if stream:
+        options = out.get("stream_options")
+        out["stream_options"] = {
+            **(options if isinstance(options, dict) else {}),
+            "include_usage": True,
+        }
+    body = json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return Prepared(
+        user,
+        api_key,
+        choice,
+        upstream,
+        body,
+        stream,
+        admission,
+        prompt_estimate,
+        session_key,
+        agent_id,
+        user_text,
+    )
+
+
+def _optional_str(data: dict[str, Any], name: str, limit: int) -> str:
+    value = data.pop(name, None)
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise RelayError(400, f"'{name}' must be a string of at most {limit} characters.")
+    return value
+
+
+def _record_refusal(
+    user: Any,
+    api_key: ApiKey,
+    model: str,
+    stream: bool,
+    session_key: str,
+    agent_id: str,
+    exc: limits.Refused,
+) -> None:
+    UsageRecord.objects.create(
+        user=user,
+        api_key=api_key,
+        model=model[:200],
+        stream=stream,
+        status="refused",
+        http_status=429,
+        error=exc.reason,
+        session_key=session_key,
+        agent_id=agent_id,
+        latency_ms=0,
+    )
+
+
+# --- the upstream ---------------------------------------------------------------------------------
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def client() -> httpx.AsyncClient:
+    """One client (and connection pool) per event loop, on the asyncio network backend."""
+    loop = asyncio.get_running_loop()
+    kept = _clients.get(loop)
+    if kept is None or kept.is_closed:
+        timeout = httpx.Timeout(
+            settings.LYCEUM_RELAY_TIMEOUT, connect=settings.LYCEUM_CONNECT_TIMEOUT
+        )
+        limits_ = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+        if environment_proxy_for(settings.LYCEUM_OPENAI_BASE_URL or "http://x"):
+            kept = httpx.AsyncClient(timeout=timeout, limits=limits_)
+        else:
+            kept = httpx.AsyncClient(
+                transport=AsyncioTransport(limits=limits_), timeout=timeout, limits=limits_
+            )
+        _clients[loop] = kept
+    return kept
+
+
+async def close_clients() -> None:
+    for kept in list(_clients.values()):
+        await kept.aclose()
+    _clients.clear()
+
+
+def _scrub(text: str, keys: list[pool.PoolKey]) -> str:
+    for key in keys:
+        text = scrub_secret(text, key.secret)
+    return text
+
+
+async def open_upstream(prep: Prepared, outcome: Outcome) -> httpx.Response:
+    """The upstream's 200 response (headers read), trying the pool's keys in turn."""
+    up = prep.upstream
+    if not up.keys:
+        raise RelayError(
+            429,
+            "Every upstream key is cooling down; retry shortly.",
+            "rate_limit_error",
+            "upstream_rate_limited",
+            retry_after=max(1, int(up.cooling_for + 0.999)),
+        )
+    http = client()
+    url = f"{up.base_url}/chat/completions"
+    last: RelayError | None = None
+    for key in up.keys:
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "Accept": "text/event-stream" if prep.stream else "application/json",
+            "Accept-Encoding": "identity",
+        }
+        if key.secret:
+            headers["Authorization"] = f"Bearer {key.secret}"
+        request = http.build_request("POST", url, content=prep.body, headers=headers)
+        try:
+            async with asyncio.timeout(settings.LYCEUM_RELAY_FIRST_BYTE_TIMEOUT):
+                response = await http.send(request, stream=True)
+        except TimeoutError:
+            outcome.attempts.append(pool.KeyOutcome(key, None, True, "first byte timeout"))
+            last = RelayError(
+                504, "The upstream did not answer in time.", "api_error", "upstream_timeout"
+            )
+            continue
+        except httpx.HTTPError as exc:
+            outcome.attempts.append(pool.KeyOutcome(key, None, True, type(exc).__name__))
+            last = RelayError(
+                502, "The upstream could not be reached.", "api_error", "upstream_unreachable"
+            )
+            continue
+        status = response.status_code
+        if status == 200:
+            outcome.key = key
+            outcome.attempts.append(pool.KeyOutcome(key, 200, False))
+            return response
+        try:
+            raw = await response.aread()
+        except httpx.HTTPError:
+            raw = b""
+        finally:
+            await response.aclose()
+        try:
+            payload: Any = json.loads(raw)
+        except ValueError:
+            payload = raw.decode("utf-8", "replace")
+        message = (
+            short_detail(_scrub(error_fields(payload)[0], up.keys))
+            if status not in (401, 403)
+            else ""
+        )
+        cooled = status in (401, 403, 429)
+        if cooled:
+            wait = parse_retry_after(response.headers) if status == 429 else None
+            pool.cool_down(key, max(wait or 0, settings.LYCEUM_RELAY_KEY_COOLDOWN))
+        outcome.attempts.append(
+            pool.KeyOutcome(key, status, True, message or f"HTTP {status}", cooled)
+        )
+        if status == 429:
+            last = RelayError(
+                429,
+                "The upstream is rate limiting; retry shortly.",
+                "rate_limit_error",
+                "upstream_rate_limited",
+                retry_after=int(settings.LYCEUM_RELAY_KEY_COOLDOWN) or 1,
+            )
+        elif status in (401, 403):
+            last = RelayError(
+                502, "The upstream refused the relay's credentials.", "api_error", "upstream_auth"
+            )
+        elif status >= 500 or status in (408, 409):
+            last = RelayError(
+                502, f"The upstream failed (HTTP {status}).", "api_error", "upstream_error"
+            )
+        else:  # the request itself is wrong: another key would not help
+            client_status = status if status in (400, 413, 422) else 400
+            raise RelayError(
+                client_status,
+                message or f"The upstream refused the request (HTTP {status}).",
+                code="upstream_bad_request",
+            )
+    assert last is not None
+    raise last
+
+
+# --- streaming ------------------------------------------------------------------------------------
+
+
+# OpenAI sends "usage": null in every chunk when include_usage is on: those need no parsing.
+_NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
+
+
+class StreamScanner:
+    """Cuts the upstream's bytes at line ends and notes what the relay needs from them."""
+
+    def __init__(self, capture_text: bool) -> None:
+        self.pending = b""
+        self.capture_text = capture_text
+        self.text: list[str] = []
+        self.done = False
+        self.failed = ""  # an error the upstream sent in the stream
+        self.malformed = False
+        self.content_events = 0
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, data: bytes) -> bytes:
+        """The complete lines of ``pending + data``, up to any malformed one."""
+        buf = self.pending + data if self.pending else data
+        end = buf.rfind(b"\n")
+        if end < 0:
+            self.pending = buf
+            return b""
+        self.pending = buf[end + 1 :]
+        out = buf[: end + 1]
+        start = 0
+        for line in out.split(b"\n"):
+            if line.startswith(b"data:"):
+                if not self._data(line[5:].strip()):
+                    self.malformed = True
+                    self.pending = b""
+                    return out[:start]
+            elif line.startswith(b"event:") and line[6:].strip() == b"error":
+                self.failed = self.failed or "the upstream sent an error event"
+            start += len(line) + 1
+        return out
+
+    def _data(self, payload: bytes) -> bool:
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        if not (payload.startswith(b"{") and payload.endswith(b"}")):
+            return False
+        self.content_events += 1
+        if not (
+            self.capture_text
+            or (b'"usage"' in payload and not _NULL_USAGE.search(payload))
+            or payload.startswith(b'{"error"')
+        ):
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return False
+        self.take(chunk)
+        return True
+
+    def take(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            return
+        if chunk.get("error"):
+            message = error_fields(chunk)[0]
+            self.failed = short_detail(message) or "the upstream sent an error"
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        if self.capture_text:
+            for choice in chunk.get("choices") or ():
+                if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                    delta = choice.get("delta") or {}
+                    content = delta.get("content") if isinstance(delta, dict) else None
+                    if isinstance(content, str):
+                        self.text.append(content)
+
+
+def error_event(message: str, code: str, type_: str = "api_error") -> bytes:
+    body = {"error": {"message": message, "type": type_, "code": code}}
+    return b"data: " + json.dumps(body).encode("utf-8") + b"\n\n"
+
+
+async def relay_stream(
+    prep: Prepared,
+    response: httpx.Response,
+    outcome: Outcome,
+    done: asyncio.Future[None] | None = None,
+) -> AsyncIterator[bytes]:
+    """The upstream's SSE bytes for the client; the outcome is recorded however it ends."""
+    scanner = StreamScanner(capture_text=bool(prep.session_key))
+    idle = settings.LYCEUM_RELAY_IDLE_TIMEOUT
+    network: Any = response.extensions.get("network_stream")
+    interval = settings.LYCEUM_RELAY_READ_INTERVAL
+    paced = interval > 0 and hasattr(network, "pace_reads")
+    if paced:  # one read per interval carries every token that arrived meanwhile
+        network.pace_reads(interval)
+    reads = response.aiter_raw().__aiter__()
+    outcome.http_status = 200
+    tail = b""
+    try:
+        while not scanner.done:
+            try:
+                async with asyncio.timeout(idle):
+                    data = await reads.__anext__()
+            except StopAsyncIteration:
+                break
+            out = scanner.feed(data)
+            if out:
+                if outcome.ttft is None:
+                    outcome.ttft = time.monotonic() - prep.started
+                yield out
+            if scanner.malformed:
+                break
+        if scanner.malformed:
+            outcome.error = "the upstream sent a malformed event"
+            tail = error_event("The upstream sent a malformed event.", "upstream_malformed")
+        elif scanner.failed:
+            outcome.error = scanner.failed
+        elif not scanner.done:
+            outcome.error = "the upstream stream ended before [DONE]"
+            tail = error_event("The upstream's stream ended early.", "upstream_incomplete")
+        else:
+            outcome.status = "ok"
+    except TimeoutError:
+        outcome.error = "the upstream stalled"
+        tail = error_event("The upstream stopped sending (timed out).", "upstream_timeout")
+    except httpx.HTTPError as exc:
+        outcome.error = f"the connection to the upstream was lost ({type(exc).__name__})"
+        tail = error_event("The connection to the upstream was lost.", "upstream_disconnected")
+    except (asyncio.CancelledError, GeneratorExit):
+        outcome.status, outcome.error = "cancelled", "the client disconnected"
+        raise
+    finally:
+        if paced:
+            network.pace_reads(0.0)
+        _stream_outcome(outcome, scanner, prep)
+        background(_close_and_finish(response, prep, outcome, done))
+    if tail:
+        yield tail
+
+
+def _stream_outcome(outcome: Outcome, scanner: StreamScanner, prep: Prepared) -> None:
+    outcome.reply_text = "".join(scanner.text)
+    _usage_into(outcome, scanner.usage)
+    if scanner.capture_text:
+        outcome.completion_estimate = estimate_text_tokens(outcome.reply_text)
+    else:
+        outcome.completion_estimate = scanner.content_events
+
+
+def _usage_into(outcome: Outcome, usage: Any) -> None:
+    if isinstance(usage, dict):
+        outcome.usage_seen = True
+        outcome.prompt_tokens = _int(usage.get("prompt_tokens"))
+        outcome.completion_tokens = _int(usage.get("completion_tokens"))
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
+_background: set[asyncio.Task[Any]] = set()
+
+
+def background(coro: Any) -> None:
+    """Run ``coro`` beyond the request: in a fresh context, so its database calls go to the
+    process's own database thread, not to the finished request's executor."""
+    task = asyncio.get_running_loop().create_task(coro, context=contextvars.Context())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _close_and_finish(
+    response: httpx.Response, prep: Prepared, outcome: Outcome, done: asyncio.Future[None] | None
+) -> None:
+    from channels.db import database_sync_to_async
+
+    try:
+        await response.aclose()
+    except Exception:  # noqa: BLE001 - the upstream is gone either way
+        logger.debug("closing the upstream response failed", exc_info=True)
+    try:
+        await database_sync_to_async(finish)(prep, outcome)
+    finally:
+        if done is not None and not done.done():
+            done.set_result(None)
+
+
+# --- non-streaming ----------------------------------------------------------------------------
+
+
+async def relay_once(prep: Prepared, response: httpx.Response, outcome: Outcome) -> bytes:
+    try:
+        async with asyncio.timeout(settings.LYCEUM_RELAY_TIMEOUT):
+            raw = await response.aread()
+    except TimeoutError:
+        raise RelayError(
+            504, "The upstream did not finish in time.", "api_error", "upstream_timeout"
+        ) from None
+    except httpx.HTTPError:
+        raise RelayError(
+            502, "The connection to the upstream was lost.", "api_error", "upstream_disconnected"
+        ) from None
+    finally:
+        await response.aclose()
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise RelayError(
+            502, "The upstream sent a malformed reply.", "api_error", "upstream_malformed"
+        ) from None
+    outcome.http_status = 200
+    outcome.ttft = time.monotonic() - prep.started
+    if isinstance(body, dict):
+        _usage_into(outcome, body.get("usage"))
+        if body.get("error"):
+            outcome.error = short_detail(error_fields(body)[0]) or "upstream error"
+        else:
+            outcome.status = "ok"
+        choices = body.get("choices") or []
+        message = choices[0].get("message") if choices and isinstance(choices[0], dict) else None
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            outcome.reply_text = message["content"]
+    outcome.completion_estimate = estimate_text_tokens(outcome.reply_text)
+    return raw
+
+
+# --- the record -------------------------------------------------------------------------------
+
+
+def finish(prep: Prepared, outcome: Outcome) -> UsageRecord:
+    """The usage record, the settled limits, the key records and the stored exchange."""
+    from chat import actions
+
+    estimated = not outcome.usage_seen
+    prompt = prep.prompt_estimate if estimated else outcome.prompt_tokens
+    completion = outcome.completion_estimate if estimated else outcome.completion_tokens
+    latency = time.monotonic() - prep.started
+    with transaction.atomic():
+        record = UsageRecord.objects.create(
+            user=prep.user,
+            api_key=prep.api_key,
+            model=prep.choice.alias,
+            provider=prep.choice.provider_name,
+            provider_key_id=outcome.key.key_id if outcome.key else None,
+            stream=prep.stream,
+            status=outcome.status,
+            http_status=outcome.http_status,
+            error=outcome.error[:200],
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            estimated=estimated,
+            latency_ms=int(latency * 1000),
+            ttft_ms=None if outcome.ttft is None else int(outcome.ttft * 1000),
+            session_key=prep.session_key,
+            agent_id=prep.agent_id,
+        )
+        limits.settle(prep.admission, prompt + completion)
+        pool.record_outcomes(outcome.attempts)
+    if prep.session_key and outcome.status == "ok":
+        try:
+            actions.record_relay_exchange(
+                prep.user, prep.session_key, prep.user_text, outcome.reply_text, prep.choice.alias
+            )
+        except Exception:
+            logger.exception("storing the relay exchange of a session_key failed")
+    return record
+
+
+def list_models() -> list[dict[str, Any]]:
+    """What the relay serves: the whitelist without the offline demo models."""
+    from chat.models import ProviderModel
+
+    rows = {r.alias: r for r in ProviderModel.objects.filter(enabled=True, provider__enabled=True)}
+    out = []
+    for choice in available_models():
+        if choice.provider_name == "demo":
+            continue
+        row = rows.get(choice.alias)
+        out.append(
+            {
+                "id": choice.alias,
+                "object": "model",
+                "created": 0,
+                "owned_by": choice.provider_name,
+                "provider_id": choice.provider_name,
+                "context_window": choice.context_window,
+                "max_output_tokens": row.max_output_tokens if row else None,
+                "supports_streaming": True,
+                "supports_vision": bool(row and row.accepts_images),
+            }
+        )
+    return out

@@ -1,0 +1,143 @@
+"""Rate limits and budgets hold under concurrency: 50 parallel requests, exactly 10 through."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from chat.core.tokens import estimate_tokens
+from chat.llm.wire import messages_from_openai
+from chat.models import RelayLimit, Run, UsageCounter, UsageRecord
+from chat.relay import limits
+from tests.fakeopenai import Script
+from tests.relay.conftest import wait_for_records
+
+MESSAGES = [{"role": "user", "content": "count me"}]
+MAX_TOKENS = 20
+COST = estimate_tokens(messages_from_openai(MESSAGES)) + MAX_TOKENS
+
+
+def _fire(relay, count: int = 50) -> list[httpx.Response]:
+    body = {"model": "gpt-relay", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+    headers = {"Authorization": f"Bearer {relay.key}"}
+
+    def one(_: int) -> httpx.Response:
+        return httpx.post(f"{relay.url}/chat/completions", json=body, headers=headers, timeout=30)
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_parallel_clients_against_a_burst_of_ten(relay):
+    RelayLimit.objects.create(user=relay.user, requests_per_minute=1, burst=10)
+    responses = _fire(relay)
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses.count(200) == 10 and statuses.count(429) == 40
+    refused = next(r for r in responses if r.status_code == 429)
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    records = wait_for_records(50)
+    assert len(records) == 50  # none lost, none twice
+    assert sorted(r.status for r in records).count("ok") == 10
+    assert len(relay.upstream.chat_requests()) == 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_parallel_clients_against_a_budget_of_ten_requests(relay):
+    # Each request holds COST tokens while it runs and then uses exactly COST: ten fit.
+    RelayLimit.objects.create(user=relay.user, monthly_tokens=10 * COST)
+    relay.upstream.default = Script(tokens=["x"] * 4, prompt_tokens=COST - 4, headers_delay=0.2)
+    responses = _fire(relay)
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 10 and statuses.count(429) == 40
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.json()["error"]["code"] == "insufficient_quota"
+    records = wait_for_records(50)
+    ok = [r for r in records if r.status == "ok"]
+    assert len(ok) == 10 and sum(r.total_tokens for r in ok) == 10 * COST
+    counter = UsageCounter.objects.get(scope=f"user:{relay.user.pk}")
+    assert (counter.used_tokens, counter.reserved_tokens) == (10 * COST, 0)
+
+
+@pytest.fixture
+def redis_limits(settings):
+    import redis
+
+    settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    settings.LYCEUM_REDIS_PREFIX = f"test-relay-{uuid.uuid4().hex[:8]}"
+    yield settings
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for key in client.scan_iter(f"{settings.LYCEUM_REDIS_PREFIX}:*"):
+        client.delete(key)
+
+
+def _admit_many(policies, cost: int, count: int = 50) -> list[limits.Admission | None]:
+    def one(_: int) -> limits.Admission | None:
+        try:
+            return limits.admit(policies, cost)
+        except limits.Refused:
+            return None
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+@pytest.mark.django_db
+def test_redis_holds_a_burst_of_ten_under_fifty_threads(redis_limits, alice):
+    policies = [limits.Policy(f"user:{alice.pk}", 1, 10, 0)]
+    admitted = [a for a in _admit_many(policies, 5) if a is not None]
+    assert len(admitted) == 10
+
+
+@pytest.mark.django_db
+def test_redis_holds_a_budget_of_ten_and_settles_once(redis_limits, alice):
+    policies = [limits.Policy(f"user:{alice.pk}", 6000, 1000, 10 * 7)]
+    admitted = [a for a in _admit_many(policies, 7) if a is not None]
+    assert len(admitted) == 10
+    for admission in admitted:
+        limits.settle(admission, 3)
+        limits.settle(admission, 3)  # a second settle counts nothing
+    import redis
+
+    client = redis.Redis.from_url(redis_limits.REDIS_URL)
+    key = f"{redis_limits.LYCEUM_REDIS_PREFIX}:relay:budget:user:{alice.pk}:{limits.period_of()}"
+    assert client.hgetall(key) == {b"used": b"30", b"held": b"0"}
+    assert len([a for a in _admit_many(policies, 7, 20) if a is not None]) == 5
+
+
+@pytest.mark.django_db
+def test_a_refusal_explains_itself(alice, settings):
+    settings.REDIS_URL = ""
+    policies = [limits.Policy(f"user:{alice.pk}", 60, 1, 100)]
+    limits.admit(policies, 10)
+    with pytest.raises(limits.Refused) as rate:
+        limits.admit(policies, 10)
+    assert rate.value.reason == "rate_limit" and rate.value.retry_after == 1
+    with pytest.raises(limits.Refused) as budget:
+        limits.admit([limits.Policy(f"user:{alice.pk}", 60, 5, 100)], 95)
+    assert budget.value.reason == "budget" and budget.value.retry_after > 1
+
+
+@pytest.mark.django_db
+def test_chat_runs_count_against_the_same_budget(alice, settings):
+    from chat import actions, store
+    from chat.llm.types import Usage
+    from chat.relay.usage import record_run_usage
+
+    settings.REDIS_URL = ""
+    RelayLimit.objects.create(user=alice, monthly_tokens=100)
+    chat = store.create_chat(alice, title="t", model="demo")
+    limits.check_run(alice)  # creates the counter, seeded from the records (none)
+    run = Run.objects.create(chat=chat, model="demo")
+    record_run_usage(run, Usage(input_tokens=60, output_tokens=40), Run.Status.COMPLETED)
+    record_run_usage(run, Usage(input_tokens=60, output_tokens=40), Run.Status.COMPLETED)
+    (record,) = UsageRecord.objects.filter(user=alice)
+    assert (record.source, record.total_tokens) == ("chat", 100)
+    assert UsageCounter.objects.get(scope=f"user:{alice.pk}").used_tokens == 100
+    with pytest.raises(actions.ActionError) as caught:
+        actions.send_message(alice, chat.pk, "one more", "client-1")
+    assert caught.value.code == "over_budget"

@@ -1,0 +1,50 @@
+"""The Usage page: one's own records, limits and a server-rendered chart; staff see all."""
+
+from __future__ import annotations
+
+import pytest
+
+from chat.models import RelayLimit, UsageRecord
+
+pytestmark = pytest.mark.django_db
+
+
+def _record(user, model: str, prompt: int, completion: int, **extra) -> UsageRecord:
+    return UsageRecord.objects.create(
+        user=user,
+        model=model,
+        status="ok",
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        **extra,
+    )
+
+
+def test_a_user_sees_their_usage_and_limits(alice_client, alice, bob):
+    RelayLimit.objects.create(user=alice, monthly_tokens=1000, requests_per_minute=30, burst=5)
+    _record(alice, "gpt-relay", 100, 50, session_key="nightly")
+    _record(alice, "other-model", 10, 5, estimated=True)
+    _record(bob, "bobs-model", 1, 1)
+    page = alice_client.get("/usage/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "gpt-relay" in html and "other-model" in html and "bobs-model" not in html
+    assert "165 of 1000 used, 835 left" in html
+    assert "30 per minute, bursts of 5" in html
+    assert "<svg" in html and "<rect" in html and "<script" not in html.split("</header>")[1]
+    assert "(estimated)" in html and "nightly" in html
+    assert 'href="/usage/"' in html  # linked in the top bar
+
+
+def test_staff_see_everyone(client, make_user, alice, bob):
+    client.force_login(make_user("staffer", staff=True))
+    _record(alice, "alice-model", 1, 1)
+    _record(bob, "bob-model", 1, 1)
+    html = client.get("/usage/").content.decode()
+    assert "alice-model" in html and "bob-model" in html and "(everyone)" in html
+    html = client.get("/usage/?user=bob").content.decode()
+    assert "bob-model" in html and "alice-model" not in html
+
+
+def test_the_page_needs_a_login(client):
+    assert client.get("/usage/").status_code == 302
