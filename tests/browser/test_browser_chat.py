@@ -19,7 +19,7 @@ from playwright.sync_api import Page, WebSocketRoute, expect
 
 from chat import store
 from chat.core.messages import assistant, user
-from chat.models import ChatSession, Provider, ProviderModel, Run
+from chat.models import Artifact, ChatSession, Provider, ProviderModel, Run
 from chat.presentation import display
 from tests.conftest import login
 from tests.fakeopenai import Script
@@ -220,7 +220,7 @@ def test_tool_call_approved(page, serve, alice, tmp_path):
     expect(card.locator(".approval-decision")).to_have_text("Approved")
     wait_replies(page, 1)
     expect(replies(page).last).to_contain_text("I wrote notes.md")
-    assert (tmp_path / "workspaces" / chat_id / "notes.md").is_file()
+    assert Artifact.objects.filter(chat_id=chat_id, path="notes.md").exists()  # the chat's files
     expect(card.get_by_role("button", name="Approve")).to_have_count(0)
     page.screenshot(path="/tmp/lyceum-chat-approved.png", full_page=True)
 
@@ -242,7 +242,7 @@ def test_tool_call_denied_with_reason(page, serve, alice, tmp_path):
     expect(replies(page).last).to_contain_text(
         "I did not write the file because you denied it: not in my notes folder."
     )
-    assert not (tmp_path / "workspaces" / chat_id / "notes.md").exists()
+    assert not Artifact.objects.filter(chat_id=chat_id, path="notes.md").exists()
 
 
 # --- 4, 5: stop and reload ------------------------------------------------------------------
