@@ -84,6 +84,22 @@
     if (event.target && event.target.id === "message-input" && !event.target.value) clientId = null;
   });
 
+  // Phones: the chat list slides out from a chat ("Chats") and back.
+  function setChatList(open) {
+    document.body.classList.toggle("chat-list-open", open);
+    document.querySelectorAll(".chat-list-toggle").forEach((b) => b.setAttribute("aria-expanded", String(open)));
+    if (open) {
+      const first = document.querySelector("#sidebar a, #sidebar input, #sidebar select");
+      if (first) first.focus();
+    }
+  }
+  document.addEventListener("click", (event) => {
+    const target = event.target;
+    if (!(target instanceof Element)) return;
+    if (target.closest(".chat-list-toggle")) setChatList(!document.body.classList.contains("chat-list-open"));
+    else if (target.closest(".chat-list-close") || target.closest(".chat-list-backdrop")) setChatList(false);
+  });
+
   document.addEventListener("DOMContentLoaded", () => {
     addCopyButtons();
     toBottom();
