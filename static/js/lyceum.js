@@ -37,12 +37,60 @@
     });
   }
 
+  // --- Connection state (issue 15 §3) -------------------------------------------------
+  // Reconnect soon after the server is back: 0.25 s, 0.5 s, 1 s, then every 1.5 s.
+  const RECONNECT_MS = [250, 500, 1000, 1500];
+  const reconnectDelay = (retry) => RECONNECT_MS[Math.min(retry, RECONNECT_MS.length - 1)];
+  if (window.htmx) htmx.config.wsReconnectDelay = reconnectDelay;
+  // The extension reconnects by itself after these codes; after others we do it.
+  const EXTENSION_RETRIES = [1006, 1011, 1012, 1013];
+  // The server refused this page (logged out, no access, no such chat): do not retry.
+  const REFUSED = [4401, 4403, 4404];
+  let unloading = false;
+  let ownRetries = 0;
+  window.addEventListener("pagehide", () => { unloading = true; });
+
+  const connection = () => document.getElementById("connection-state");
+  function showConnection(text) {
+    const box = connection();
+    if (!box) return;
+    box.textContent = text;
+    box.hidden = !text;
+  }
+  const pendingSend = () => {
+    const form = document.getElementById("composer");
+    return form && form.dataset.pending === "1";
+  };
+  function markOffline() {
+    document.body.dataset.ws = "closed";
+    showConnection(pendingSend()
+      ? "Reconnecting… Your message is kept and goes out when the connection is back."
+      : "Reconnecting… What you type is kept; a message sent now goes out when the connection is back.");
+  }
+
   // The socket opened (or reopened): tell the server where this page is.
   document.addEventListener("htmx:wsOpen", (event) => {
     document.body.dataset.ws = "open";
+    ownRetries = 0;
+    showConnection("");
     event.detail.socketWrapper.send(JSON.stringify({ action: "resync", last_seq: lastSeq() }));
   });
-  document.addEventListener("htmx:wsClose", () => { document.body.dataset.ws = "closed"; });
+  document.addEventListener("htmx:wsClose", (event) => {
+    if (unloading) return;
+    const code = event.detail.event ? event.detail.event.code : 1006;
+    if (REFUSED.includes(code)) {
+      document.body.dataset.ws = "closed";
+      showConnection("Disconnected: this chat is no longer available to you. Reload the page.");
+      return;
+    }
+    markOffline();
+    if (!EXTENSION_RETRIES.includes(code)) {
+      const wrapper = event.detail.socketWrapper;
+      setTimeout(() => { if (document.body.dataset.ws !== "open") wrapper.reconnect(); },
+        reconnectDelay(ownRetries++));
+    }
+  });
+  document.addEventListener("htmx:wsError", () => { if (document.body.dataset.ws !== "open") markOffline(); });
 
   // One id per message typed, so a double click or a resend stores it once.
   document.addEventListener("htmx:wsConfigSend", (event) => {
@@ -52,6 +100,8 @@
       if (!text) { event.preventDefault(); return; }
       if (!clientId) clientId = newId();
       event.detail.parameters.client_id = clientId;
+      form.dataset.pending = "1";
+      if (document.body.dataset.ws !== "open") markOffline();  // queued by the extension
     }
   });
 
