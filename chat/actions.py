@@ -299,6 +299,8 @@ def request_compaction(user, chat_id) -> str:
     """ "Compact now": a run that only compacts the context."""
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
+        if not store.load_context(chat.pk):
+            raise ActionError("There is nothing to compact yet: the chat is empty.", "empty")
         run = _start_run(chat, kind=Run.Kind.COMPACT)
     return str(run.pk)
 

@@ -24,6 +24,7 @@ from chat.runhost import transitions
 PAGE_ITEMS = 50
 EVENT_BATCH = 200
 SIDEBAR_CHATS = 100
+NEW_KEY_SESSION = "lyceum_new_api_key"
 
 
 @dataclass
@@ -199,20 +200,26 @@ def chat_export(request: HttpRequest, chat_id, fmt: str) -> HttpResponse:
         body = exports.as_markdown(chat, events, with_reasoning=with_reasoning)
         content_type = "text/markdown; charset=utf-8"
     response = HttpResponse(body, content_type=content_type)
-    response["Content-Disposition"] = f'attachment; filename="{exports.filename(chat, fmt)}"'
+    response["Content-Disposition"] = (
+        f'attachment; filename="{exports.filename(chat, fmt, with_reasoning=with_reasoning)}"'
+    )
     response["X-Content-Type-Options"] = "nosniff"
     return response
 
 
 @require_http_methods(["GET", "POST"])
 def api_keys(request: HttpRequest) -> HttpResponse:
-    new_key = None
     if request.method == "POST":
         if revoke := request.POST.get("revoke"):
             if revoke_api_key(request.user, revoke):
                 messages.success(request, "The key was revoked.")
             return redirect("api_keys")
-        _key, new_key = create_api_key(request.user, request.POST.get("name", "").strip())
+        _key, secret = create_api_key(request.user, request.POST.get("name", "").strip())
+        # Post, redirect, get: a refresh shows the list again, never makes a second key.
+        # The secret waits in the session for the one page that shows it.
+        request.session[NEW_KEY_SESSION] = secret
+        return redirect("api_keys")
+    new_key = request.session.pop(NEW_KEY_SESSION, None)
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
     return render(
         request, "chat/api_keys.html", {"keys": keys, "new_key": new_key, "now": timezone.now()}

@@ -211,8 +211,8 @@ def test_tool_call_approved(page, serve, alice, tmp_path):
     expect(card.locator(".tool-status")).to_have_text("waiting for approval")
     expect(page.locator("#run-status")).to_have_text("Waiting for your approval")
     # What is asked is shown in the prompt itself, not behind a fold.
-    expect(card.locator(".approval-args")).to_be_visible()
-    expect(card.locator(".approval-args")).to_contain_text('"path": "notes.md"')
+    expect(card.locator(".approval-file")).to_be_visible()
+    expect(card.locator(".approval-file-name")).to_have_text("File notes.md")
     page.screenshot(path="/tmp/lyceum-chat-approval-pending.png", full_page=True)
 
     card.get_by_role("button", name="Approve").click()

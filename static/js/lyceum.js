@@ -19,21 +19,45 @@
   };
   const toBottom = () => { const s = scroller(); if (s) s.scrollTop = s.scrollHeight; };
 
+  function copyButton(label, className, text) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = className;
+    button.textContent = "Copy";
+    button.setAttribute("aria-label", label);
+    button.addEventListener("click", () => {
+      const done = () => { button.textContent = "Copied"; setTimeout(() => { button.textContent = "Copy"; }, 1500); };
+      if (navigator.clipboard) navigator.clipboard.writeText(text()).then(done, () => {});
+    });
+    return button;
+  }
+
   function addCopyButtons(root) {
+    // Each code block: its language and a copy button above it.
     (root || document).querySelectorAll("pre.highlight").forEach((pre) => {
       if (pre.dataset.copy) return;
       pre.dataset.copy = "1";
-      const button = document.createElement("button");
-      button.type = "button";
-      button.className = "copy-code";
-      button.textContent = "Copy";
-      button.setAttribute("aria-label", "Copy code");
-      button.addEventListener("click", () => {
-        const text = pre.querySelector("code") ? pre.querySelector("code").innerText : pre.innerText;
-        const done = () => { button.textContent = "Copied"; setTimeout(() => { button.textContent = "Copy"; }, 1500); };
-        if (navigator.clipboard) navigator.clipboard.writeText(text).then(done, () => {});
-      });
-      pre.parentNode.insertBefore(button, pre);
+      const head = document.createElement("div");
+      head.className = "code-head";
+      const lang = pre.dataset.lang || "";
+      if (lang && lang !== "text") {
+        const label = document.createElement("span");
+        label.className = "code-lang";
+        label.textContent = lang;
+        head.appendChild(label);
+      }
+      head.appendChild(copyButton("Copy code", "copy-code", () =>
+        pre.querySelector("code") ? pre.querySelector("code").innerText : pre.innerText));
+      pre.parentNode.insertBefore(head, pre);
+    });
+    // Each written message (not the one being streamed): copy its text.
+    (root || document).querySelectorAll("#messages .msg.user, #messages .msg.assistant").forEach((msg) => {
+      const bubble = msg.querySelector(":scope > .bubble");
+      if (!bubble || msg.dataset.copy) return;
+      msg.dataset.copy = "1";
+      const button = copyButton("Copy message", "copy-message", () => bubble.innerText.trim());
+      const label = msg.querySelector(":scope > .msg-label");
+      if (label) label.appendChild(button); else msg.insertBefore(button, bubble);
     });
   }
 
@@ -101,15 +125,37 @@
       if (!clientId) clientId = newId();
       event.detail.parameters.client_id = clientId;
       form.dataset.pending = "1";
+      follow = true;
+      toBottom();
+      updateJump();
       if (document.body.dataset.ws !== "open") markOffline();  // queued by the extension
     }
   });
 
   let follow = true;
-  document.addEventListener("htmx:wsBeforeMessage", () => { follow = nearBottom(); });
+  document.addEventListener("htmx:wsBeforeMessage", () => { follow = follow || nearBottom(); });
   document.addEventListener("htmx:wsAfterMessage", () => {
     addCopyButtons();
     if (follow) toBottom();
+    follow = false;
+    updateJump();
+  });
+
+  // "Jump to latest" while scrolled up; sending scrolls down.
+  function updateJump() {
+    const jump = document.getElementById("jump-latest");
+    if (jump) jump.hidden = nearBottom();
+  }
+  document.addEventListener("scroll", (event) => {
+    if (event.target && event.target.id === "scroller") updateJump();
+  }, true);
+  document.addEventListener("click", (event) => {
+    if (event.target instanceof Element && event.target.closest("#jump-latest")) {
+      toBottom();
+      updateJump();
+      const box = document.getElementById("message-input");
+      if (box) box.focus();
+    }
   });
   document.addEventListener("htmx:oobAfterSwap", (event) => {
     const target = event.detail.target;
@@ -125,7 +171,23 @@
     if (box && box.id === "message-input" && event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       if (box.value.trim()) box.form.requestSubmit();
-    } else if (event.key === "Escape") {
+    } else if (event.key === "Escape" && !event.isComposing) {
+      // In a text field Esc cancels that field (an edit, a rename, a reason), never the run.
+      // An empty message box has nothing to cancel: there Esc stops the reply, as elsewhere.
+      const field = box && box.closest && box.closest("input, textarea, select");
+      if (field && !(field.id === "message-input" && !field.value)) {
+        const fold = field.closest("details[open]");
+        if (field.id !== "message-input" && "defaultValue" in field) field.value = field.defaultValue;
+        if (fold) {
+          fold.open = false;
+          const summary = fold.querySelector("summary");
+          if (summary) summary.focus();
+        } else {
+          field.blur();
+        }
+        event.preventDefault();
+        return;
+      }
       const stop = document.getElementById("stop-button");
       if (stop) stop.click();
     }
@@ -153,6 +215,9 @@
   document.addEventListener("DOMContentLoaded", () => {
     addCopyButtons();
     toBottom();
+    updateJump();
+    const box = document.getElementById("message-input");
+    if (box && !box.closest(".view-only")) box.focus({ preventScroll: true });
   });
   document.addEventListener("htmx:afterSwap", () => addCopyButtons());
 })();

@@ -47,7 +47,9 @@ def open_new_chat(page: Page, base: str) -> str:
     page.get_by_role("button", name="New chat").first.click()
     page.wait_for_url(CHAT_URL)
     wait_socket_open(page)
-    return CHAT_URL.match(page.url)["id"]
+    match = CHAT_URL.match(page.url)
+    assert match, page.url
+    return match["id"]
 
 
 def send(page: Page, text: str) -> None:
@@ -58,5 +60,5 @@ def send(page: Page, text: str) -> None:
     expect(users).to_have_count(before + 1, timeout=WAIT_MS)
 
 
-def wait_replies(page: Page, count: int) -> None:
-    expect(messages(page).locator(".msg.usage")).to_have_count(count, timeout=WAIT_MS)
+def wait_replies(page: Page, count: int, timeout: int = WAIT_MS) -> None:
+    expect(messages(page).locator(".msg.usage")).to_have_count(count, timeout=timeout)
