@@ -28,11 +28,11 @@ from chat.live.doorbell import ring, ring_cancel
 from chat.models import Agent, ChatEvent, ChatSession, ChatToolGrant, QueuedInput, Run, ToolApproval
 from chat.runhost import transitions
 from chat.runhost.executor import launch_on_commit
+from chat.runhost.titles import provisional_title
 
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 32_000
-TITLE_CHARS = 50
 
 
 class ActionError(Exception):
@@ -234,7 +234,7 @@ def _record_send(
     entry.save(update_fields=["display_seq"])
     rows = [row]
     if not chat.title:
-        rows += _set_title(chat, text.splitlines()[0][:TITLE_CHARS])
+        rows += _set_title(chat, provisional_title(text))
     run_id = None
     if live is None:
         run = transitions.new_run(chat, thinking=thinking)

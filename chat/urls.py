@@ -5,6 +5,7 @@ from chat import views
 urlpatterns = [
     path("", views.home, name="home"),
     path("chats/new/", views.chat_new, name="chat_new"),
+    path("chats/start/", views.chat_start, name="chat_start"),
     path("chats/search/", views.chat_search, name="chat_search"),
     path("chat/<uuid:chat_id>/", views.chat_detail, name="chat_detail"),
     path("chat/<uuid:chat_id>/older/", views.chat_older, name="chat_older"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,34 @@ def home(request: HttpRequest) -> HttpResponse:
 
 def _new_chat_options() -> dict:
     return {"agents": Agent.objects.all(), "models": available_models()}
+
+
+@require_POST
+def chat_start(request: HttpRequest) -> HttpResponse:
+    """The home page's composer: the chat is made with its first message, never empty."""
+    try:
+        result = actions.start_chat_and_send(
+            request.user,
+            request.POST.get("message", ""),
+            request.POST.get("client_id", "") or uuid.uuid4().hex,
+            agent_slug=request.POST.get("agent", ""),
+            model=request.POST.get("model", ""),
+        )
+    except actions.ActionError as exc:
+        return render(
+            request,
+            "chat/home.html",
+            {
+                "chats": sidebar_chats(request.user),
+                "error": exc.message,
+                "draft": request.POST.get("message", ""),
+                "chosen_agent": request.POST.get("agent", ""),
+                "chosen_model": request.POST.get("model", ""),
+                **_new_chat_options(),
+            },
+            status=400,
+        )
+    return redirect("chat_detail", chat_id=result.chat_id)
 
 
 @require_GET

@@ -82,8 +82,13 @@ def wait_socket_open(page: Page) -> None:
 def new_chat(page: Page, base: str, model: str = "demo") -> str:
     """From the chat list, start a chat with ``model``; returns its id."""
     page.goto(f"{base}/")
-    page.get_by_label("Model", exact=True).select_option(model)
-    page.get_by_role("button", name="New chat").click()
+    token = page.locator("input[name=csrfmiddlewaretoken]").first.input_value()
+    made = page.request.post(
+        f"{base}/chats/new/",
+        form={"csrfmiddlewaretoken": token, "model": model},
+        headers={"Referer": f"{base}/"},
+    )
+    page.goto(made.url)
     page.wait_for_url(CHAT_URL)
     wait_socket_open(page)
     return CHAT_URL.match(page.url)["id"]

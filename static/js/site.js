@@ -36,6 +36,23 @@
       else { field.select(); }
     }
   });
+  // A textarea marked data-enter-sends (the home page's "Start a chat"): Enter sends.
+  document.addEventListener("keydown", (event) => {
+    const box = event.target;
+    if (!(box instanceof HTMLTextAreaElement) || !box.hasAttribute("data-enter-sends")) return;
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      if (box.value.trim() && box.form) box.form.requestSubmit();
+    }
+  });
+  // A form posted once: its button waits, so a double press makes one chat.
+  document.addEventListener("submit", (event) => {
+    const form = event.target;
+    if (form instanceof HTMLFormElement && form.id === "start-form") {
+      if (form.dataset.sent) { event.preventDefault(); return; }
+      form.dataset.sent = "1";
+    }
+  });
   if (window.matchMedia) {
     const query = window.matchMedia("(prefers-color-scheme: dark)");
     if (query.addEventListener) query.addEventListener("change", syncToggles);

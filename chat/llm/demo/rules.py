@@ -63,6 +63,8 @@ from chat.core.prompts import (
     DENIED_TEXT,
     EXPIRED_TEXT,
     SUB_AGENT_PROMPT,
+    TITLE_INSTRUCTIONS,
+    TITLE_USER_LABEL,
     USER_APPENDED_PREFIX,
 )
 from chat.core.voices import cast_from_prompt
@@ -156,6 +158,8 @@ def plan_reply(request: ChatRequest) -> DemoReply:
     text = _last_user_text(request.messages)
     if text.startswith(SUMMARY_INSTRUCTIONS):
         return _summary_reply(text)
+    if text.startswith(TITLE_INSTRUCTIONS):
+        return _title_reply(text)
     if sub_agent:
         return _sub_agent_reply(turn, text)
     cast = cast_from_prompt(request.system_prompt)
@@ -764,3 +768,15 @@ def _summary_reply(prompt: str) -> DemoReply:
             f"Messages summarised: {count}."
         ),
     )
+
+
+def _title_reply(prompt: str) -> DemoReply:
+    """A chat's title: the first words of its first message, capitalised."""
+    asked = ""
+    for line in prompt.splitlines():
+        if line.startswith(TITLE_USER_LABEL):
+            asked = line[len(TITLE_USER_LABEL) :]
+            break
+    words = re.findall(r"[\w'’+*/.-]+", asked)[:6]
+    title = " ".join(words).strip(" .") or "A chat"
+    return DemoReply(reasoning="", text=title[0].upper() + title[1:])
