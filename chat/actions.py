@@ -82,6 +82,15 @@ def _set_title(chat: ChatSession, title: str) -> list[ChatEvent]:
     return store.append_display(chat.pk, [{"type": "title", "title": title}])
 
 
+def pin_chat(user, chat_id, *, pinned: bool) -> bool:
+    """Pin a chat to the top of its owner's list, or unpin it."""
+    chat = access_chat(user, chat_id, ChatAction.MANAGE)
+    with transaction.atomic():
+        # .update() leaves updated_at alone: pinning is not activity in the chat.
+        ChatSession.objects.filter(pk=chat.pk).update(pinned_at=timezone.now() if pinned else None)
+    return pinned
+
+
 def delete_chat(user, chat_id) -> str:
     """Delete a chat with its log, its runs and its workspace files; returns its title.
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("chat/<uuid:chat_id>/", views.chat_detail, name="chat_detail"),
     path("chat/<uuid:chat_id>/older/", views.chat_older, name="chat_older"),
     path("chat/<uuid:chat_id>/rename/", views.chat_rename, name="chat_rename"),
+    path("chat/<uuid:chat_id>/pin/", views.chat_pin, name="chat_pin"),
     path("chat/<uuid:chat_id>/delete/", views.chat_delete, name="chat_delete"),
     path("chat/<uuid:chat_id>/export.<str:fmt>", views.chat_export, name="chat_export"),
     path("settings/api-keys/", views.api_keys, name="api_keys"),

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import actions, store
+from chat import actions, search, store
 from chat.access import ChatAction, access_chat, can_access_chat
 from chat.apikeys import create_api_key, revoke_api_key
 from chat.catalog import available_models
@@ -23,6 +24,7 @@ from chat.presentation import display, exports, fragments
 from chat.runhost import transitions
 
 PAGE_ITEMS = 50
+MAX_JUMP_ITEMS = 2_000
 EVENT_BATCH = 200
 SIDEBAR_CHATS = 100
 NEW_KEY_SESSION = "lyceum_new_api_key"
@@ -73,7 +75,11 @@ def page_of_items(chat_id, before_seq: int | None = None, limit: int = PAGE_ITEM
 
 
 def sidebar_chats(user, query: str = ""):
-    chats = ChatSession.objects.filter(owner=user).only("id", "title", "updated_at")
+    chats = (
+        ChatSession.objects.filter(owner=user)
+        .only("id", "title", "updated_at", "pinned_at")
+        .order_by(F("pinned_at").desc(nulls_last=True), "-updated_at")
+    )
     if query:
         chats = chats.filter(title__icontains=query)
     return chats[:SIDEBAR_CHATS]
@@ -126,8 +132,26 @@ def chat_search(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "chat/_chat_list.html",
-        {"chats": sidebar_chats(request.user, query), "query": query},
+        {
+            "chats": sidebar_chats(request.user, query),
+            "query": query,
+            "hits": search.search_messages(request.user, query) if query else [],
+        },
     )
+
+
+@require_POST
+def chat_pin(request: HttpRequest, chat_id) -> HttpResponse:
+    actions.pin_chat(request.user, chat_id, pinned=request.POST.get("pinned") == "1")
+    return _back(request)
+
+
+def _back(request: HttpRequest) -> HttpResponse:
+    """To the page the form was on (this site's only), else home."""
+    target = request.POST.get("next", "")
+    if target.startswith("/") and not target.startswith("//"):
+        return redirect(target)
+    return redirect("home")
 
 
 @require_POST
@@ -146,7 +170,7 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
-    page = page_of_items(chat.pk)
+    page = page_of_items(chat.pk, limit=_items_to_show(chat.pk, request.GET.get("at", "")))
     live = transitions.live_run(chat)
     usage = store.latest_display_payload(chat.pk, "context_usage")
     return render(
@@ -166,6 +190,16 @@ def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
             **_new_chat_options(),
         },
     )
+
+
+def _items_to_show(chat_id, at: str) -> int:
+    """Enough items to reach event ``at`` (a search hit), from there to the newest."""
+    try:
+        seq = int(at)
+    except ValueError:
+        return PAGE_ITEMS
+    newer = store.count_display_events_from(chat_id, seq)
+    return min(max(PAGE_ITEMS, newer + 1), MAX_JUMP_ITEMS)
 
 
 def _stream_html(run) -> str:

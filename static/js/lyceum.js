@@ -214,7 +214,15 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     addCopyButtons();
-    toBottom();
+    // A search hit links to its message (#ev-<seq>): show it, not the newest.
+    const target = location.hash.startsWith("#ev-") && document.getElementById(location.hash.slice(1));
+    if (target) {
+      target.classList.add("target");
+      target.scrollIntoView({ block: "center" });
+      follow = false;
+    } else {
+      toBottom();
+    }
     updateJump();
     const box = document.getElementById("message-input");
     if (box && !box.closest(".view-only")) box.focus({ preventScroll: true });
