@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
+
+from chat.api.views import not_found as api_not_found
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
@@ -17,5 +19,6 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     path("api/v1/", include("chat.api.urls")),
+    re_path(r"^api(?:/|$)", api_not_found),  # other API versions and paths: JSON, not HTML
     path("", include("chat.urls")),
 ]

@@ -1,8 +1,9 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from chat.api import views
 
 urlpatterns = [
+    path("models", views.models, name="api_models"),
     path("chat", views.chat, name="api_chat"),
     path("chat/stream", views.chat_stream, name="api_chat_stream"),
     path("chat/<str:session_id>/cancel", views.cancel, name="api_cancel"),
@@ -12,4 +13,6 @@ urlpatterns = [
         views.approval,
         name="api_approval",
     ),
+    # Last: anything else under /api/v1/ answers JSON.
+    re_path(r"^", views.not_found),
 ]
