@@ -55,9 +55,10 @@
       const bubble = msg.querySelector(":scope > .bubble");
       if (!bubble || msg.dataset.copy) return;
       msg.dataset.copy = "1";
-      const button = copyButton("Copy message", "copy-message", () => bubble.innerText.trim());
-      const label = msg.querySelector(":scope > .msg-label");
-      if (label) label.appendChild(button); else msg.insertBefore(button, bubble);
+      const actions = document.createElement("div");
+      actions.className = "msg-actions";
+      actions.appendChild(copyButton("Copy message", "copy-message", () => bubble.innerText.trim()));
+      bubble.after(actions);
     });
   }
 

@@ -61,9 +61,9 @@ def _generate(chat: ChatSession) -> str | None:
 def test_title_is_written_by_the_model_after_the_first_reply(alice, agent):
     chat = _answered(alice, "what is the boiling point of water at altitude?", "Lower.")
     assert chat.title == "what is the boiling point of water at altitude?"
-    assert _generate(chat) == "What is the boiling point of"
+    assert _generate(chat) == "what is the boiling point of"
     chat.refresh_from_db()
-    assert chat.title == "What is the boiling point of"
+    assert chat.title == "what is the boiling point of"
     events = [e for e in store.display_events_after(chat.pk, 0) if e.kind == "title"]
     assert events[-1].payload.get("generated") is True
     assert _generate(chat) is None  # once only

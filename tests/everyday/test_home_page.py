@@ -10,6 +10,11 @@ from chat.models import ChatSession
 from tests.conftest import login
 from tests.everyday.conftest import CHAT_URL, composer, messages, wait_replies, wait_socket_open
 
+# Long enough that the provisional title (its first 50 characters) is cut mid-word;
+# the demo model titles a chat with the first six words of its first message.
+ASKED = "please tell me everything about the owls of the northern forests"
+TITLE = "please tell me everything about the"
+
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
@@ -21,14 +26,14 @@ def test_home_starts_a_chat_and_the_model_titles_it(page, serve, alice):
     expect(start).to_be_focused()
     assert not ChatSession.objects.filter(owner=alice).exists()
     page.get_by_label("Model", exact=True).select_option("demo-fast")
-    start.fill("hello there, owls")
+    start.fill(ASKED)
     start.press("Enter")
     page.wait_for_url(CHAT_URL)
     wait_socket_open(page)
     expect(composer(page)).to_be_focused()
-    expect(messages(page).locator(".msg.user .bubble")).to_have_text("hello there, owls")
+    expect(messages(page).locator(".msg.user .bubble")).to_have_text(ASKED)
     wait_replies(page, 1)
-    expect(page.locator("#chat-title")).to_have_text("Hello there owls")
-    expect(page.locator("#sidebar").get_by_role("link", name="Hello there owls")).to_be_visible()
+    expect(page.locator("#chat-title")).to_have_text(TITLE)
+    expect(page.locator("#sidebar").get_by_role("link", name=TITLE)).to_be_visible()
     chat = ChatSession.objects.get(owner=alice)
-    assert chat.model == "demo-fast" and chat.title == "Hello there owls"
+    assert chat.model == "demo-fast" and chat.title == TITLE

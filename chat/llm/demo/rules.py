@@ -771,12 +771,11 @@ def _summary_reply(prompt: str) -> DemoReply:
 
 
 def _title_reply(prompt: str) -> DemoReply:
-    """A chat's title: the first words of its first message, capitalised."""
+    """A chat's title: the first six words of its first message, as written."""
     asked = ""
     for line in prompt.splitlines():
         if line.startswith(TITLE_USER_LABEL):
             asked = line[len(TITLE_USER_LABEL) :]
             break
-    words = re.findall(r"[\w'’+*/.-]+", asked)[:6]
-    title = " ".join(words).strip(" .") or "A chat"
-    return DemoReply(reasoning="", text=title[0].upper() + title[1:])
+    title = " ".join(asked.split()[:6]) or "A chat"
+    return DemoReply(reasoning="", text=title)
