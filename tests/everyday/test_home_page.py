@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_home_starts_a_chat_and_the_model_titles_it(page, serve, alice):
-    base = serve()
+    base = serve(LYCEUM_GENERATE_TITLES=True)
     login(page, base, "alice")
     page.goto(f"{base}/")
     start = page.get_by_role("textbox", name="Start a chat")
