@@ -30,7 +30,9 @@ def test_search_finds_words_in_messages_with_highlighted_snippets(alice, bob, ag
     hits = search.search_messages(alice, "silent wings")
     assert [(h.chat_id, h.chat_title, h.seq) for h in hits] == [(str(owls.pk), "Birds", 2)]
     assert "<mark>silent</mark>" in hits[0].snippet
-    assert "&lt;b&gt;" in hits[0].snippet  # the message's own markup stays text
+    # The message's own markup never becomes markup: escaped (SQLite) or left out by
+    # ts_headline's parser (PostgreSQL).
+    assert "<b>" not in hits[0].snippet
 
     assert {h.seq for h in search.search_messages(alice, "owl")} == {1, 2}  # prefix, both
     assert all(h.chat_id == str(owls.pk) for h in search.search_messages(alice, "owls"))
