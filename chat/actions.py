@@ -41,11 +41,11 @@ from chat.models import (
 )
 from chat.runhost import transitions
 from chat.runhost.executor import launch_on_commit
+from chat.runhost.titles import provisional_title
 
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 32_000
-TITLE_CHARS = 50
 
 
 class ActionError(Exception):
@@ -93,6 +93,15 @@ def _set_title(chat: ChatSession, title: str) -> list[ChatEvent]:
     """Store the title (inside a transaction); the caller rings for the event returned."""
     ChatSession.objects.filter(pk=chat.pk).update(title=title)
     return store.append_display(chat.pk, [{"type": "title", "title": title}])
+
+
+def pin_chat(user, chat_id, *, pinned: bool) -> bool:
+    """Pin a chat to the top of its owner's list, or unpin it."""
+    chat = access_chat(user, chat_id, ChatAction.MANAGE)
+    with transaction.atomic():
+        # .update() leaves updated_at alone: pinning is not activity in the chat.
+        ChatSession.objects.filter(pk=chat.pk).update(pinned_at=timezone.now() if pinned else None)
+    return pinned
 
 
 def delete_chat(user, chat_id) -> str:
@@ -298,7 +307,7 @@ def _record_send(
         )
     rows = [row]
     if not chat.title:
-        rows += _set_title(chat, text.splitlines()[0][:TITLE_CHARS])
+        rows += _set_title(chat, provisional_title(text))
     checked = _send_checks[chat.kind](chat, entry) if chat.kind in _send_checks else None
     if checked is not None and checked.notices:
         notes = [ChatMessage(role="system", content=notice) for notice in checked.notices]
@@ -489,6 +498,8 @@ def request_compaction(user, chat_id) -> str:
     """ "Compact now": a run that only compacts the context."""
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
+        if not store.load_context(chat.pk):
+            raise ActionError("There is nothing to compact yet: the chat is empty.", "empty")
         run = _start_run(chat, kind=Run.Kind.COMPACT)
     return str(run.pk)
 

@@ -30,6 +30,7 @@ class ChatSession(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.CHAT)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    pinned_at = models.DateTimeField(null=True, blank=True)  # pinned chats come first
     # Last seq handed out per channel; bumped under a row lock so seqs are gap-free.
     last_display_seq = models.PositiveBigIntegerField(default=0)
     last_session_seq = models.PositiveBigIntegerField(default=0)

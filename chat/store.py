@@ -125,6 +125,10 @@ class StoredEvent:
     payload: dict[str, Any]
 
 
+def count_display_events_from(chat_id, seq: int) -> int:
+    return ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, seq__gte=seq).count()
+
+
 def display_events_after(chat_id, after_seq: int, limit: int | None = None) -> list[StoredEvent]:
     rows = ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, seq__gt=after_seq).order_by(
         "seq"

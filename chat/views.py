@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import F
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from chat import actions, artifacts, store
+from chat import actions, artifacts, search, store
 from chat.access import ChatAction, access_chat, can_access_chat
 from chat.apikeys import create_api_key, revoke_api_key
 from chat.catalog import available_models
@@ -23,8 +25,10 @@ from chat.presentation import display, exports, fragments
 from chat.runhost import transitions
 
 PAGE_ITEMS = 50
+MAX_JUMP_ITEMS = 2_000
 EVENT_BATCH = 200
 SIDEBAR_CHATS = 100
+NEW_KEY_SESSION = "lyceum_new_api_key"
 
 
 @dataclass
@@ -73,8 +77,10 @@ def page_of_items(chat_id, before_seq: int | None = None, limit: int = PAGE_ITEM
 
 def sidebar_chats(user, query: str = ""):
     # A class chat is opened from its class ("Classes"), not listed among the chats.
-    chats = ChatSession.objects.filter(owner=user, kind=ChatSession.Kind.CHAT).only(
-        "id", "title", "updated_at"
+    chats = (
+        ChatSession.objects.filter(owner=user, kind=ChatSession.Kind.CHAT)
+        .only("id", "title", "updated_at", "pinned_at")
+        .order_by(F("pinned_at").desc(nulls_last=True), "-updated_at")
     )
     if query:
         chats = chats.filter(title__icontains=query)
@@ -98,14 +104,60 @@ def _new_chat_options() -> dict:
     return {"agents": Agent.objects.all(), "models": available_models()}
 
 
+@require_POST
+def chat_start(request: HttpRequest) -> HttpResponse:
+    """The home page's composer: the chat is made with its first message, never empty."""
+    try:
+        result = actions.start_chat_and_send(
+            request.user,
+            request.POST.get("message", ""),
+            request.POST.get("client_id", "") or uuid.uuid4().hex,
+            agent_slug=request.POST.get("agent", ""),
+            model=request.POST.get("model", ""),
+        )
+    except actions.ActionError as exc:
+        return render(
+            request,
+            "chat/home.html",
+            {
+                "chats": sidebar_chats(request.user),
+                "error": exc.message,
+                "draft": request.POST.get("message", ""),
+                "chosen_agent": request.POST.get("agent", ""),
+                "chosen_model": request.POST.get("model", ""),
+                **_new_chat_options(),
+            },
+            status=400,
+        )
+    return redirect("chat_detail", chat_id=result.chat_id)
+
+
 @require_GET
 def chat_search(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "").strip()[:100]
     return render(
         request,
         "chat/_chat_list.html",
-        {"chats": sidebar_chats(request.user, query), "query": query},
+        {
+            "chats": sidebar_chats(request.user, query),
+            "query": query,
+            "hits": search.search_messages(request.user, query) if query else [],
+        },
     )
+
+
+@require_POST
+def chat_pin(request: HttpRequest, chat_id) -> HttpResponse:
+    actions.pin_chat(request.user, chat_id, pinned=request.POST.get("pinned") == "1")
+    return _back(request)
+
+
+def _back(request: HttpRequest) -> HttpResponse:
+    """To the page the form was on (this site's only), else home."""
+    target = request.POST.get("next", "")
+    if target.startswith("/") and not target.startswith("//"):
+        return redirect(target)
+    return redirect("home")
 
 
 @require_POST
@@ -124,7 +176,7 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
-    page = page_of_items(chat.pk)
+    page = page_of_items(chat.pk, limit=_items_to_show(chat.pk, request.GET.get("at", "")))
     live = transitions.live_run(chat)
     usage = store.latest_display_payload(chat.pk, "context_usage")
     return render(
@@ -145,6 +197,16 @@ def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
             **_new_chat_options(),
         },
     )
+
+
+def _items_to_show(chat_id, at: str) -> int:
+    """Enough items to reach event ``at`` (a search hit), from there to the newest."""
+    try:
+        seq = int(at)
+    except ValueError:
+        return PAGE_ITEMS
+    newer = store.count_display_events_from(chat_id, seq)
+    return min(max(PAGE_ITEMS, newer + 1), MAX_JUMP_ITEMS)
 
 
 def _stream_html(run) -> str:
@@ -208,20 +270,26 @@ def chat_export(request: HttpRequest, chat_id, fmt: str) -> HttpResponse:
         body = exports.as_markdown(chat, events, with_reasoning=with_reasoning)
         content_type = "text/markdown; charset=utf-8"
     response = HttpResponse(body, content_type=content_type)
-    response["Content-Disposition"] = f'attachment; filename="{exports.filename(chat, fmt)}"'
+    response["Content-Disposition"] = (
+        f'attachment; filename="{exports.filename(chat, fmt, with_reasoning=with_reasoning)}"'
+    )
     response["X-Content-Type-Options"] = "nosniff"
     return response
 
 
 @require_http_methods(["GET", "POST"])
 def api_keys(request: HttpRequest) -> HttpResponse:
-    new_key = None
     if request.method == "POST":
         if revoke := request.POST.get("revoke"):
             if revoke_api_key(request.user, revoke):
                 messages.success(request, "The key was revoked.")
             return redirect("api_keys")
-        _key, new_key = create_api_key(request.user, request.POST.get("name", "").strip())
+        _key, secret = create_api_key(request.user, request.POST.get("name", "").strip())
+        # Post, redirect, get: a refresh shows the list again, never makes a second key.
+        # The secret waits in the session for the one page that shows it.
+        request.session[NEW_KEY_SESSION] = secret
+        return redirect("api_keys")
+    new_key = request.session.pop(NEW_KEY_SESSION, None)
     keys = ApiKey.objects.filter(user=request.user).order_by("-created_at")
     response = render(
         request, "chat/api_keys.html", {"keys": keys, "new_key": new_key, "now": timezone.now()}

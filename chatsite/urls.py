@@ -1,7 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 
+from chat.api.views import not_found as api_not_found
 from chat.relay.pages import usage_page
 
 urlpatterns = [
@@ -23,5 +24,6 @@ urlpatterns = [
     path("usage/", usage_page, name="usage"),
     path("api/v1/", include("chat.api.urls")),
     path("classes/", include("classroom.urls")),
+    re_path(r"^api(?:/|$)", api_not_found),  # other API versions and paths: JSON, not HTML
     path("", include("chat.urls")),
 ]

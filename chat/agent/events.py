@@ -21,7 +21,7 @@ of the display channel. Every run ends with exactly one terminal event:
 | ``subtask_status`` | task_id, description, status, detail |
 | ``compacting`` | (none) |
 | ``compacted`` | messages_before, summary |
-| ``context_usage`` | tokens, context_window |
+| ``context_usage`` | tokens, context_window, measured (the provider's count after a reply) |
 | ``input_taken`` | input_seq |
 | ``artifact`` | artifact_id, version_id, version, path, kind, language, size, source |
 | ``complete`` | input_tokens, output_tokens, usage_estimated, text |
@@ -169,6 +169,9 @@ class ContextUsage(RunEvent):
     type: ClassVar[str] = "context_usage"
     tokens: int
     context_window: int
+    # False: our estimate of the prompt, before a request. True: the provider's own
+    # count (prompt plus reply) after it, which is what the next request starts from.
+    measured: bool = False
 
 
 @dataclass(kw_only=True)

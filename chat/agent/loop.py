@@ -388,6 +388,14 @@ class AgentLoop:
         if end is None:
             raise ProviderError(ErrorCategory.MALFORMED_STREAM, streamed=bool(self.round.text))
         self.count_usage(end, self.messages, system_prompt)
+        if end.usage is not None and not end.usage.estimated:
+            await self.host.emit(
+                ev.ContextUsage(
+                    tokens=end.usage.input_tokens + end.usage.output_tokens,
+                    context_window=self.config.context_window,
+                    measured=True,
+                )
+            )
         return end
 
     def count_usage(self, end: StreamEnd, request: list[ChatMessage], prompt: str = "") -> None:

@@ -1,8 +1,9 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from chat.api import views
 
 urlpatterns = [
+    path("models", views.models, name="api_models"),
     path("chat", views.chat, name="api_chat"),
     path("chat/stream", views.chat_stream, name="api_chat_stream"),
     path("chat/<str:session_id>/cancel", views.cancel, name="api_cancel"),
@@ -24,4 +25,6 @@ urlpatterns = [
         views.artifact_download,
         name="api_artifact_download",
     ),
+    # Last: anything else under /api/v1/ answers JSON.
+    re_path(r"^", views.not_found),
 ]

@@ -33,6 +33,7 @@ from chat.access import ChatAction, access_artifact, access_chat, access_version
 from chat.agent.events import TERMINAL_TYPES
 from chat.api.follow import RunFollower, follow_run
 from chat.apikeys import authenticate_key
+from chat.catalog import available_models
 from chat.core.artifacts import safe_filename
 from chat.inputs import BadInput, parse_object, text_problem
 from chat.models import Artifact, ArtifactVersion, Run, ToolApproval
@@ -447,3 +448,30 @@ async def attachment_upload(request: HttpRequest, session_id: str) -> HttpRespon
         },
         status=201,
     )
+
+
+@api_view(methods=("GET",))
+async def models(request: HttpRequest) -> HttpResponse:
+    """``GET /api/v1/models``: the models the caller may use, OpenAI's list shape."""
+    choices = await database_sync_to_async(available_models)()
+    return JsonResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": choice.alias,
+                    "object": "model",
+                    "owned_by": choice.provider_name,
+                    "context_window": choice.context_window,
+                }
+                for choice in choices
+            ],
+        }
+    )
+
+
+@csrf_exempt
+@login_not_required
+def not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    """Any other path under /api/: a JSON 404, never the site's HTML page."""
+    return error_response(404, "not_found", f"No API endpoint at {request.path}.")

@@ -29,3 +29,13 @@ def denied_text(reason: str) -> str:
     """The tool result for a denied call, with the user's reason when they gave one."""
     reason = reason.strip()
     return f"{DENIED_TEXT} {DENIED_REASON_LABEL} {reason}" if reason else DENIED_TEXT
+
+
+# The short request for a chat's title, sent once after its first reply; the
+# conversation follows as "User: …" and "Assistant: …" lines.
+TITLE_INSTRUCTIONS = (
+    "Write a title of at most six words for the conversation below. "
+    "Answer with the title only: no quotes, no full stop."
+)
+TITLE_USER_LABEL = "User: "
+TITLE_ASSISTANT_LABEL = "Assistant: "

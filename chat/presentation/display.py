@@ -20,7 +20,12 @@ from django.utils.functional import cached_property
 
 from chat.core import eventlog
 from chat.core.messages import ChatMessage
-from chat.presentation.markdown import HtmlCache, forget_rendered_markdown, render_markdown
+from chat.presentation.markdown import (
+    HtmlCache,
+    forget_rendered_markdown,
+    highlight_file,
+    render_markdown,
+)
 from chat.store import StoredEvent
 
 SENDER_PALETTE = 8
@@ -37,6 +42,8 @@ ITEM_KINDS = {
     "artifact",
 }
 CALL_EVENT_KINDS = ("tool_start", "tool_end", "approval_required", "approval_decided")
+# Tools whose approval shows the file written rather than the raw arguments.
+FILE_WRITING_TOOLS = {"write_file"}
 STATUS_LABELS = {
     "waiting": "waiting",
     "approval": "waiting for approval",
@@ -95,6 +102,18 @@ class CallState:
     @property
     def pretty_arguments(self) -> str:
         return pretty_arguments(self.arguments)
+
+    @property
+    def file_preview(self) -> dict[str, str] | None:
+        """A pending file write, as the person deciding reads it: its name and its content
+        highlighted (not a JSON string with escaped newlines)."""
+        data = (self.approval or {}).get("input")
+        if self.name not in FILE_WRITING_TOOLS or not isinstance(data, dict):
+            return None
+        path, content = data.get("path"), data.get("content")
+        if not isinstance(path, str) or not isinstance(content, str):
+            return None
+        return {"path": path, "html": highlight_file(path, content)}
 
     def apply(self, kind: str, payload: dict[str, Any]) -> None:
         if kind == "approval_required":

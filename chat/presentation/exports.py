@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.utils.text import slugify
@@ -13,8 +14,38 @@ from chat.store import StoredEvent
 EXPORTED_EVENTS = {"compacted", "complete", "cancelled", "error", "scene"}
 
 
-def filename(chat: ChatSession, fmt: str) -> str:
-    return f"{slugify(chat.display_title)[:60] or 'chat'}.{'json' if fmt == 'json' else 'md'}"
+def filename(chat: ChatSession, fmt: str, *, with_reasoning: bool = False) -> str:
+    """``<title>.md``, ``<title>.json``, ``<title>-with-thinking.json``: one name per format."""
+    stem = slugify(chat.display_title)[:60] or "chat"
+    if with_reasoning:
+        stem += "-with-thinking"
+    return f"{stem}.{'json' if fmt == 'json' else 'md'}"
+
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_HEADING = re.compile(r"^( {0,3})(#{1,6})(?=\s|$)")
+
+
+def _demoted(text: str) -> str:
+    """A message's own headings moved two levels down (outside code), so in the export
+    only the title is a level-1 heading and only speakers are level-2 headings."""
+    lines = []
+    fence: str | None = None
+    for line in text.splitlines():
+        if match := _FENCE.match(line):
+            marker = match[1]
+            if fence is None:
+                fence = marker
+            elif marker[0] == fence[0] and len(marker) >= len(fence):
+                fence = None
+        elif fence is None:
+            line = _HEADING.sub(lambda m: m[1] + "#" * min(len(m[2]) + 2, 6), line)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _speaker(name: str) -> list[str]:
+    return [f"## {name}", ""]
 
 
 def _entries(events: list[StoredEvent], with_reasoning: bool) -> list[dict[str, Any]]:
@@ -60,14 +91,14 @@ def as_markdown(chat: ChatSession, events: list[StoredEvent], *, with_reasoning:
     for entry in _entries(events, with_reasoning):
         kind = entry["type"]
         if kind == DisplayType.USER:
-            lines += ["## You", "", entry["content"], ""]
+            lines += [*_speaker(entry.get("sender", "You")), _demoted(entry["content"]), ""]
         elif kind in (DisplayType.ASSISTANT_TEXT, DisplayType.TOOL_CALL_REQUEST):
-            lines += [f"## {entry.get('sender', 'Assistant')}", ""]
+            lines += _speaker(entry.get("sender", "Assistant"))
             if entry.get("reasoning"):
                 quoted = "\n".join(f"> {line}" for line in entry["reasoning"].splitlines())
                 lines += ["> **Thinking**", ">", quoted, ""]
             if entry["content"]:
-                lines += [entry["content"], ""]
+                lines += [_demoted(entry["content"]), ""]
             for call in entry.get("tool_calls", []):
                 lines += [
                     f"**Tool call** `{call['name']}`",

@@ -127,7 +127,7 @@ def _status_for(event: StoredEvent) -> str | None:
         case "run_start":
             return "Thinking…"
         case "iteration_start":
-            return f"Step {p.get('iteration')} of {p.get('max_iterations')}"
+            return "Thinking…"
         case "retrying":
             return f"Retrying in {round(float(p.get('delay', 0)))} s: {p.get('message', '')}"
         case "compacting":
@@ -139,7 +139,9 @@ def _status_for(event: StoredEvent) -> str | None:
         case "hand_end":
             return "Thinking…"
         case "tool_start":
-            return f"Running {p.get('name', 'a tool')}…"
+            return f"Using {p.get('name') or 'a tool'}…"
+        case "tool_end":
+            return "Thinking…"
     return None
 
 
@@ -155,13 +157,14 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             parts.append(append_items("".join(items_html)))
             items_html.clear()
 
+    ended = False  # a run ended in this batch: what it closes after does not bring it back
     for event in events:
-        if (text := _status_for(event)) is not None:
+        if (text := _status_for(event)) is not None and (not ended or event.kind == "run_start"):
             status = text
         if event.kind == "run_start":
-            busy = True
+            busy, ended = True, False
         elif event.kind in TERMINAL:
-            status, busy = "", False
+            status, busy, ended = "", False, True
         item = display.item_from_event(event)
         if item is not None:
             items_html.append(display.render_item(item, chat_id=chat_id))

@@ -19,7 +19,7 @@ import nh3
 from markdown_it import MarkdownIt
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import get_lexer_by_name
+from pygments.lexers import get_lexer_by_name, get_lexer_for_filename
 from pygments.util import ClassNotFound
 
 ALLOWED_TAGS = {
@@ -51,6 +51,16 @@ def _highlight(code: str, lang: str, _attrs: str) -> str:
         f'<pre class="code highlight" data-lang="{language}">'
         f'<code data-lang="{language}">{body}</code></pre>\n'
     )
+
+
+def highlight_file(path: str, content: str) -> str:
+    """A file's content as a highlighted code block, its language guessed from the name."""
+    try:
+        lexer = get_lexer_for_filename(path, content)
+        lang = lexer.aliases[0] if lexer.aliases else ""
+    except ClassNotFound:
+        lang = ""
+    return _highlight(content, lang, "")
 
 
 def _render_image_as_link(_renderer, tokens, idx, _options, _env) -> str:

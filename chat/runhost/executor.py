@@ -40,7 +40,7 @@ from chat.core.voices import Voices, cast_instructions
 from chat.live.doorbell import run_control_group
 from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError
 from chat.models import ChatSession, ChatToolGrant, Run
-from chat.runhost import transitions
+from chat.runhost import titles, transitions
 from chat.runhost.host import DjangoRunHost, partial_message
 from chat.runhost.keeper import KeptRun, keeper
 from chat.runhost.setup import RunSetup, setup_for
@@ -342,6 +342,8 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     else:
         if outcome.status == "completed":
             await _end(host, loop, "completed")
+            if run.kind == Run.Kind.REPLY:
+                titles.title_soon(prepared.chat.pk, prepared.resolved.provider, choice.model_id)
         else:
             await database_sync_to_async(transitions.cancel_if_requested)(run_id)
     finally:

@@ -119,6 +119,9 @@ class ScriptedProvider:
         # changes to the loop's list do not rewrite history.
         self.calls: list[tuple[str, ChatRequest]] = []
 
+    async def aclose(self) -> None:
+        """Nothing to close (the Provider protocol's lifecycle)."""
+
     def add(self, *responses: Response) -> None:
         self.responses.extend(responses)
 

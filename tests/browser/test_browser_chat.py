@@ -82,8 +82,13 @@ def wait_socket_open(page: Page) -> None:
 def new_chat(page: Page, base: str, model: str = "demo") -> str:
     """From the chat list, start a chat with ``model``; returns its id."""
     page.goto(f"{base}/")
-    page.get_by_label("Model", exact=True).select_option(model)
-    page.get_by_role("button", name="New chat").click()
+    token = page.locator("input[name=csrfmiddlewaretoken]").first.input_value()
+    made = page.request.post(
+        f"{base}/chats/new/",
+        form={"csrfmiddlewaretoken": token, "model": model},
+        headers={"Referer": f"{base}/"},
+    )
+    page.goto(made.url)
     page.wait_for_url(CHAT_URL)
     wait_socket_open(page)
     return CHAT_URL.match(page.url)["id"]
@@ -211,8 +216,8 @@ def test_tool_call_approved(page, serve, alice, tmp_path):
     expect(card.locator(".tool-status")).to_have_text("waiting for approval")
     expect(page.locator("#run-status")).to_have_text("Waiting for your approval")
     # What is asked is shown in the prompt itself, not behind a fold.
-    expect(card.locator(".approval-args")).to_be_visible()
-    expect(card.locator(".approval-args")).to_contain_text('"path": "notes.md"')
+    expect(card.locator(".approval-file")).to_be_visible()
+    expect(card.locator(".approval-file-name")).to_have_text("File notes.md")
     page.screenshot(path="/tmp/lyceum-chat-approval-pending.png", full_page=True)
 
     card.get_by_role("button", name="Approve").click()

@@ -33,11 +33,13 @@ def serve(request, settings, tmp_path, agent):
 
 def start_panel_chat(page: Page, base: str) -> str:
     page.goto(f"{base}/")
-    page.locator("#home-agent").select_option("panel")
-    page.get_by_label("Model", exact=True).first.select_option("demo")
-    page.locator("#home-agent").locator("xpath=ancestor::form").get_by_role(
-        "button", name="New chat"
-    ).click()
+    token = page.locator("input[name=csrfmiddlewaretoken]").first.input_value()
+    made = page.request.post(
+        f"{base}/chats/new/",
+        form={"csrfmiddlewaretoken": token, "agent": "panel", "model": "demo"},
+        headers={"Referer": f"{base}/"},
+    )
+    page.goto(made.url)
     page.wait_for_url(CHAT_URL)
     page.locator("body[data-ws=open]").wait_for(timeout=WAIT_MS)
     match = CHAT_URL.match(page.url)

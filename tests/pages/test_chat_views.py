@@ -322,7 +322,7 @@ def test_an_unknown_export_format_is_404(alice_client, exported_chat):
 def test_api_keys_are_shown_once_stored_hashed_listed_and_revoked(alice_client, alice, bob):
     url = reverse("api_keys")
     assert "No keys yet." in alice_client.get(url).content.decode()
-    created = alice_client.post(url, {"name": "notebook"}).content.decode()
+    created = alice_client.post(url, {"name": "notebook"}, follow=True).content.decode()
     (raw,) = re.findall(r'id="new-key-value" type="text" readonly value="([^"]+)"', created)
     key = ApiKey.objects.get(user=alice)
     assert key.key_hash == hashlib.sha256(raw.encode()).hexdigest()

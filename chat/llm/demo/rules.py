@@ -66,6 +66,8 @@ from chat.core.prompts import (
     DENIED_TEXT,
     EXPIRED_TEXT,
     SUB_AGENT_PROMPT,
+    TITLE_INSTRUCTIONS,
+    TITLE_USER_LABEL,
     USER_APPENDED_PREFIX,
 )
 from chat.core.voices import cast_from_prompt
@@ -160,6 +162,8 @@ def plan_reply(request: ChatRequest) -> DemoReply:
     text = _last_user_text(request.messages)
     if text.startswith(SUMMARY_INSTRUCTIONS):
         return _summary_reply(text)
+    if text.startswith(TITLE_INSTRUCTIONS):
+        return _title_reply(text)
     if sub_agent:
         return _sub_agent_reply(turn, text)
     cast = cast_from_prompt(request.system_prompt)
@@ -772,3 +776,14 @@ def _summary_reply(prompt: str) -> DemoReply:
             f"Messages summarised: {count}."
         ),
     )
+
+
+def _title_reply(prompt: str) -> DemoReply:
+    """A chat's title: the first six words of its first message, as written."""
+    asked = ""
+    for line in prompt.splitlines():
+        if line.startswith(TITLE_USER_LABEL):
+            asked = line[len(TITLE_USER_LABEL) :]
+            break
+    title = " ".join(asked.split()[:6]) or "A chat"
+    return DemoReply(reasoning="", text=title)
