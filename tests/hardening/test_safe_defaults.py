@@ -3,6 +3,7 @@ a provider key never follows a base URL change)."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -58,10 +59,14 @@ def test_the_debug_page_masks_urls_with_passwords_and_keys_in_frames(settings):
 
 @pytest.mark.django_db
 def test_the_api_key_page_is_never_cached(alice_client):
-    response = alice_client.post(reverse("api_keys"), {"name": "laptop"})
-    assert response.status_code == 200
-    assert "lyk_" in response.content.decode()
+    created = alice_client.post(reverse("api_keys"), {"name": "laptop"})
+    assert created.status_code == 302  # post, redirect, get: a refresh makes no second key
+    response = alice_client.get(created["Location"])
+    secret = re.search(r"lyk_[A-Za-z0-9_-]{20,}", response.content.decode())
+    assert secret, "the new key is shown once, on this page"
     assert response["Cache-Control"] == "no-store"
+    again = alice_client.get(created["Location"])
+    assert secret[0] not in again.content.decode()
 
 
 @pytest.mark.django_db
