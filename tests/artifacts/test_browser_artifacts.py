@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.artifacts.test_artifacts import PNG
+from tests.browser.test_browser_chat import new_chat
 from tests.conftest import login
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -30,10 +31,7 @@ def serve(request, settings, tmp_path, agent) -> Callable[[], str]:
 
 
 def open_new_chat(page: Page, base: str) -> None:
-    page.goto(f"{base}/")
-    page.get_by_role("button", name="New chat").click()
-    expect(page).to_have_url(re.compile(r".*/chat/[0-9a-f-]{36}/$"))
-    page.locator("body[data-ws=open]").wait_for(timeout=WAIT_MS)
+    new_chat(page, base, model="demo")
 
 
 def send(page: Page, text: str) -> None:
