@@ -737,6 +737,19 @@ def review_flag(user, classroom_id, flag_id) -> Flag:
     return flag
 
 
+def observe_view(user, chat: ChatSession, how: str) -> None:
+    """Registered with chat (``note_view``): a read of a class chat by anyone but its
+    student (a teacher, through the chat page, its socket, an export, the API or an
+    artifact) is recorded like the wall's and the class pages' own reads."""
+    if chat.kind != ChatSession.Kind.CLASSROOM:
+        return
+    link = ClassroomChat.objects.select_related("classroom").filter(chat_id=chat.pk).first()
+    if link is None:
+        return
+    how = how if how in TeacherView.How.values else TeacherView.How.PAGE
+    record_views(user, link.classroom, [chat.pk], how)
+
+
 def record_views(user, classroom: Classroom, chat_ids, how: str) -> None:
     """The audit of a teacher looking at students' class chats (the student sees it)."""
     TeacherView.objects.bulk_create(

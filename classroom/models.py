@@ -249,6 +249,8 @@ class TeacherView(models.Model):
         WALL = "wall"
         EXPORT = "export"
         API = "api"
+        SOCKET = "socket"  # the chat page's live socket
+        ARTIFACT = "artifact"  # an artifact of the chat: page, content, zip
 
     classroom = models.ForeignKey(Classroom, on_delete=models.CASCADE, related_name="+")
     chat = models.ForeignKey("chat.ChatSession", on_delete=models.CASCADE, related_name="+")
