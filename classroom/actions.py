@@ -701,13 +701,32 @@ def pause_ai(user, classroom_id) -> Classroom:
             run = transitions.live_run(chat, lock=True)
             if run is None:
                 continue
-            if run.status == Run.Status.WAITING:
+            _hold_untaken(chat)
+            if run.status == Run.Status.WAITING or not run.claimed:
+                # Nothing executes it yet (a run not claimed waits for a task or a
+                # worker; the claim needs the row this transaction holds): it ends here.
                 transitions.finish_waiting_run_cancelled(run)
                 continue
             Run.objects.filter(pk=run.pk).update(cancel_requested=True)
             ring_cancel(run.pk)
         ring_class(classroom.pk, "state")
     return classroom
+
+
+def _hold_untaken(chat: ChatSession) -> None:
+    """Inside pause_ai's transaction: the messages no run has taken yet (the one that
+    started a run not yet under way, those queued behind a reply) are held for the
+    resume, so stopping the run does not leave them unanswered, nor start another run."""
+    untaken = list(
+        QueuedInput.objects.select_for_update().filter(chat=chat, consumed=False).order_by("pk")
+    )
+    if not untaken:
+        return
+    QueuedInput.objects.filter(pk__in=[q.pk for q in untaken]).update(consumed=True, run=None)
+    HeldInput.objects.bulk_create(
+        HeldInput(chat=chat, queued_input=q, reason=HeldInput.Reason.PAUSED, checked=True)
+        for q in untaken
+    )
 
 
 def _release(held: list[HeldInput]) -> None:
@@ -728,7 +747,7 @@ def _check_held(classroom: Classroom, held: list[HeldInput]) -> None:
     links = {link.chat_id: link for link in _links(classroom)}
     for item in held:
         link = links.get(item.chat_id)
-        if link is not None:
+        if link is not None and not item.checked:
             entry = item.queued_input
             seq = entry.display_seq or 0
             _model_check(link, guardrails, Flag.Source.STUDENT, "", seq, entry.content)
@@ -767,7 +786,7 @@ def review_flag(user, classroom_id, flag_id) -> Flag:
             flag.save(update_fields=["reviewed_at", "reviewed_by"])
         held = HeldInput.objects.filter(flag=flag, reason=HeldInput.Reason.FLAG)
         if classroom.ai_paused:
-            held.update(reason=HeldInput.Reason.PAUSED)  # answered on resume
+            held.update(reason=HeldInput.Reason.PAUSED, checked=True)  # answered on resume
         else:
             _release(list(held))
         ring_class(classroom.pk, "flags", chat_id=str(flag.chat_id))

@@ -281,6 +281,8 @@ class HeldInput(models.Model):
     flag = models.ForeignKey(
         Flag, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Sent before the pause (the model check, if any, has read it already).
+    checked = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
