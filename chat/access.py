@@ -39,6 +39,43 @@ def register_owner_limit(kind: str, limit: ChatPolicy) -> None:
     _owner_limits[kind] = limit
 
 
+class ViewHow(StrEnum):
+    """How someone who is not the owner read a chat (what an observer records)."""
+
+    PAGE = "page"  # the chat page (or a page of its older messages)
+    SOCKET = "socket"  # the chat's live socket
+    EXPORT = "export"  # a transcript download
+    API = "api"  # an API read (a run's status, the artifact list)
+    ARTIFACT = "artifact"  # an artifact's page, content, preview or zip
+
+
+ViewObserver = Callable[[Any, ChatSession, ViewHow], None]
+_view_observers: list[ViewObserver] = []
+
+
+def register_view_observer(observer: ViewObserver) -> None:
+    """``observer(user, chat, how)`` is called by :func:`note_view` for every read of a
+    chat by someone who is not its owner (the classroom audits a teacher's reads)."""
+    if observer not in _view_observers:
+        _view_observers.append(observer)
+
+
+def note_view(user, chat: ChatSession | str, how: ViewHow) -> None:
+    """Tell the observers that ``user`` read ``chat`` (after a successful VIEW access).
+
+    Every caller that lets someone read a chat calls it: pages, exports, the socket, the
+    API, the artifact views. The owner reading their own chat is nobody's business.
+    """
+    if not _view_observers or not getattr(user, "is_authenticated", False):
+        return
+    if not isinstance(chat, ChatSession):
+        chat = ChatSession.objects.only("id", "owner_id", "kind").get(pk=chat)
+    if chat.owner_id == user.pk:
+        return
+    for observer in _view_observers:
+        observer(user, chat, how)
+
+
 def can_access_chat(user, chat: ChatSession, action: ChatAction = ChatAction.VIEW) -> bool:
     if not user.is_authenticated or not user.is_active:
         return False

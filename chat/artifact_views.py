@@ -30,7 +30,14 @@ from django.views.decorators.clickjacking import xframe_options_sameorigin
 from django.views.decorators.http import require_GET, require_POST
 
 from chat import actions, artifacts
-from chat.access import ChatAction, access_artifact, access_chat, access_version
+from chat.access import (
+    ChatAction,
+    ViewHow,
+    access_artifact,
+    access_chat,
+    access_version,
+    note_view,
+)
 from chat.core.artifacts import PREVIEW_KINDS, Kind, safe_filename
 from chat.models import Artifact, ArtifactVersion
 from chat.presentation.artifacts import highlighted, render_markdown_file
@@ -65,6 +72,7 @@ def _version_or_latest(artifact: Artifact, raw: str | None) -> ArtifactVersion:
 @require_GET
 def artifact_detail(request: HttpRequest, artifact_id) -> HttpResponse:
     artifact = access_artifact(request.user, artifact_id)
+    note_view(request.user, artifact.chat, ViewHow.ARTIFACT)
     version = _version_or_latest(artifact, request.GET.get("v"))
     versions = list(artifact.versions.all())
     kind = Kind(version.kind)
@@ -123,6 +131,7 @@ def _content_response(version: ArtifactVersion, *, attachment: bool) -> FileResp
 @require_GET
 def artifact_download(request: HttpRequest, artifact_id, number: int) -> HttpResponseBase:
     version = access_version(request.user, artifact_id, number)
+    note_view(request.user, version.artifact.chat, ViewHow.ARTIFACT)
     response = _content_response(version, attachment=True)
     response["Content-Security-Policy"] = DOWNLOAD_CSP
     return response
@@ -132,6 +141,7 @@ def artifact_download(request: HttpRequest, artifact_id, number: int) -> HttpRes
 def artifact_raw(request: HttpRequest, artifact_id, number: int) -> HttpResponseBase:
     """A raster image, inline (for ``<img>``); nothing else is served inline."""
     version = access_version(request.user, artifact_id, number)
+    note_view(request.user, version.artifact.chat, ViewHow.ARTIFACT)
     if version.mime not in INLINE_IMAGE_TYPES:
         raise Http404("Not an image")
     response = _content_response(version, attachment=False)
@@ -144,6 +154,7 @@ def artifact_raw(request: HttpRequest, artifact_id, number: int) -> HttpResponse
 def artifact_preview(request: HttpRequest, artifact_id, number: int) -> HttpResponseBase:
     """HTML or SVG as a sandboxed document: an opaque origin, no reach into the app."""
     version = access_version(request.user, artifact_id, number)
+    note_view(request.user, version.artifact.chat, ViewHow.ARTIFACT)
     if Kind(version.kind) not in PREVIEW_KINDS:
         raise Http404("No preview for this kind of file")
     response = _content_response(version, attachment=False)
@@ -155,6 +166,7 @@ def artifact_preview(request: HttpRequest, artifact_id, number: int) -> HttpResp
 @require_GET
 def chat_artifacts(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
+    note_view(request.user, chat, ViewHow.ARTIFACT)
     rows = Artifact.objects.filter(chat=chat).order_by("-updated_at", "-pk")
     return render(request, "chat/artifacts/list.html", {"chat": chat, "artifacts": rows})
 
@@ -163,6 +175,7 @@ def chat_artifacts(request: HttpRequest, chat_id) -> HttpResponse:
 def chat_artifacts_zip(request: HttpRequest, chat_id) -> HttpResponseBase:
     """The latest version of every artifact, as a zip made while it is sent."""
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
+    note_view(request.user, chat, ViewHow.ARTIFACT)
     entries = artifacts.zip_entries(chat.pk)
     chunks = artifacts.zip_stream(entries)
     body = _async_chunks(chunks) if isinstance(request, ASGIRequest) else chunks

@@ -16,7 +16,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from chat import actions, artifacts, search, store
-from chat.access import ChatAction, access_chat, can_access_chat
+from chat.access import ChatAction, ViewHow, access_chat, can_access_chat, note_view
 from chat.apikeys import create_api_key, revoke_api_key
 from chat.catalog import available_models
 from chat.models import Agent, ApiKey, ChatSession
@@ -176,6 +176,7 @@ def chat_new(request: HttpRequest) -> HttpResponse:
 @require_GET
 def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
+    note_view(request.user, chat, ViewHow.PAGE)
     page = page_of_items(chat.pk, limit=_items_to_show(chat.pk, request.GET.get("at", "")))
     live = transitions.live_run(chat)
     usage = store.latest_display_payload(chat.pk, "context_usage")
@@ -222,6 +223,7 @@ def _stream_html(run) -> str:
 @require_GET
 def chat_older(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
+    note_view(request.user, chat, ViewHow.PAGE)
     try:
         before = int(request.GET.get("before", ""))
     except ValueError:
@@ -257,6 +259,7 @@ def chat_export(request: HttpRequest, chat_id, fmt: str) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.VIEW)
     if fmt not in ("md", "json"):
         raise Http404("Unknown export format")
+    note_view(request.user, chat, ViewHow.EXPORT)
     with_reasoning = request.GET.get("reasoning") == "1"
     events = store.display_events_after(chat.pk, 0)
     if fmt == "json":

@@ -27,7 +27,7 @@ from chat.live.layers import live_layer
 from chat.models import ChatEvent, ChatSession, QueuedInput, Run
 from chat.roles import is_teacher
 from chat.runhost import transitions
-from classroom import moderation
+from classroom import llmcheck, moderation
 from classroom.access import ClassAction, access_classroom, access_enrollment, access_persona
 from classroom.access import access_scene as _access_scene
 from classroom.models import (
@@ -535,6 +535,25 @@ def _flag(
     return flags
 
 
+def _model_check(
+    link: ClassroomChat, guardrails: Guardrails, source: str, speaker: str, seq: int, text: str
+) -> None:
+    """The class's optional model check of one message, after the commit, off the chat."""
+    if guardrails.check_model:
+        llmcheck.check_on_commit(
+            llmcheck.Job(
+                guardrails.check_model,
+                link.classroom_id,
+                str(link.chat_id),
+                link.student_id,
+                source,
+                speaker,
+                seq,
+                text,
+            )
+        )
+
+
 def class_send_check(chat: ChatSession, entry: QueuedInput) -> SendCheck | None:
     """Registered with chat: every student message of a class chat passes here (in the
     send's transaction): held while the AI is paused, moderated, the wall told."""
@@ -546,6 +565,9 @@ def class_send_check(chat: ChatSession, entry: QueuedInput) -> SendCheck | None:
     flags = _flag(link, guardrails, Flag.Source.STUDENT, "", entry.display_seq or 0, entry.content)
     ring_class(classroom.pk, "activity", chat_id=str(chat.pk))
     checked = SendCheck()
+    if not classroom.ai_paused:  # no model call while paused: checked on resume
+        seq = entry.display_seq or 0
+        _model_check(link, guardrails, Flag.Source.STUDENT, "", seq, entry.content)
     if classroom.ai_paused:
         HeldInput.objects.create(chat=chat, queued_input=entry, reason=HeldInput.Reason.PAUSED)
         checked.hold = True
@@ -592,6 +614,7 @@ def class_run_finished(run: Run, status: str) -> None:
         text = str(payload.get("content") or "")
         speaker = str(payload.get("sender_name") or "")
         flagged |= bool(_flag(link, guardrails, Flag.Source.PERSONA, speaker, seq, text))
+        _model_check(link, guardrails, Flag.Source.PERSONA, speaker, seq, text)
     if flagged and guardrails.on_flag != OnFlag.NOTIFY:
         note = ChatMessage(role="system", content=REPLY_FLAG_NOTICE)
         ring(run.chat_id, store.append_display_messages(run.chat_id, [note]))
@@ -678,13 +701,32 @@ def pause_ai(user, classroom_id) -> Classroom:
             run = transitions.live_run(chat, lock=True)
             if run is None:
                 continue
-            if run.status == Run.Status.WAITING:
+            _hold_untaken(chat)
+            if run.status == Run.Status.WAITING or not run.claimed:
+                # Nothing executes it yet (a run not claimed waits for a task or a
+                # worker; the claim needs the row this transaction holds): it ends here.
                 transitions.finish_waiting_run_cancelled(run)
                 continue
             Run.objects.filter(pk=run.pk).update(cancel_requested=True)
             ring_cancel(run.pk)
         ring_class(classroom.pk, "state")
     return classroom
+
+
+def _hold_untaken(chat: ChatSession) -> None:
+    """Inside pause_ai's transaction: the messages no run has taken yet (the one that
+    started a run not yet under way, those queued behind a reply) are held for the
+    resume, so stopping the run does not leave them unanswered, nor start another run."""
+    untaken = list(
+        QueuedInput.objects.select_for_update().filter(chat=chat, consumed=False).order_by("pk")
+    )
+    if not untaken:
+        return
+    QueuedInput.objects.filter(pk__in=[q.pk for q in untaken]).update(consumed=True, run=None)
+    HeldInput.objects.bulk_create(
+        HeldInput(chat=chat, queued_input=q, reason=HeldInput.Reason.PAUSED, checked=True)
+        for q in untaken
+    )
 
 
 def _release(held: list[HeldInput]) -> None:
@@ -697,6 +739,20 @@ def _release(held: list[HeldInput]) -> None:
         transaction.on_commit(functools.partial(chat_actions.launch_next_queued, chat))
 
 
+def _check_held(classroom: Classroom, held: list[HeldInput]) -> None:
+    """The model check of the messages written while the AI was paused (none was made)."""
+    guardrails = guardrails_of(classroom)
+    if not guardrails.check_model or not held:
+        return
+    links = {link.chat_id: link for link in _links(classroom)}
+    for item in held:
+        link = links.get(item.chat_id)
+        if link is not None and not item.checked:
+            entry = item.queued_input
+            seq = entry.display_seq or 0
+            _model_check(link, guardrails, Flag.Source.STUDENT, "", seq, entry.content)
+
+
 def resume_ai(user, classroom_id) -> Classroom:
     """The AI is back: each student's message kept meanwhile is answered."""
     classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
@@ -707,13 +763,13 @@ def resume_ai(user, classroom_id) -> Classroom:
         Classroom.objects.filter(pk=classroom.pk).update(ai_paused=False)
         classroom.ai_paused = False
         _note_all(classroom, RESUME_NOTE)
-        _release(
-            list(
-                HeldInput.objects.filter(
-                    chat__classroom_link__classroom=classroom, reason=HeldInput.Reason.PAUSED
-                )
-            )
+        held = list(
+            HeldInput.objects.filter(
+                chat__classroom_link__classroom=classroom, reason=HeldInput.Reason.PAUSED
+            ).select_related("queued_input")
         )
+        _check_held(classroom, held)
+        _release(held)
         ring_class(classroom.pk, "state")
     return classroom
 
@@ -730,11 +786,24 @@ def review_flag(user, classroom_id, flag_id) -> Flag:
             flag.save(update_fields=["reviewed_at", "reviewed_by"])
         held = HeldInput.objects.filter(flag=flag, reason=HeldInput.Reason.FLAG)
         if classroom.ai_paused:
-            held.update(reason=HeldInput.Reason.PAUSED)  # answered on resume
+            held.update(reason=HeldInput.Reason.PAUSED, checked=True)  # answered on resume
         else:
             _release(list(held))
         ring_class(classroom.pk, "flags", chat_id=str(flag.chat_id))
     return flag
+
+
+def observe_view(user, chat: ChatSession, how: str) -> None:
+    """Registered with chat (``note_view``): a read of a class chat by anyone but its
+    student (a teacher, through the chat page, its socket, an export, the API or an
+    artifact) is recorded like the wall's and the class pages' own reads."""
+    if chat.kind != ChatSession.Kind.CLASSROOM:
+        return
+    link = ClassroomChat.objects.select_related("classroom").filter(chat_id=chat.pk).first()
+    if link is None:
+        return
+    how = how if how in TeacherView.How.values else TeacherView.How.PAGE
+    record_views(user, link.classroom, [chat.pk], how)
 
 
 def record_views(user, classroom: Classroom, chat_ids, how: str) -> None:

@@ -7,13 +7,17 @@ class ClassroomConfig(AppConfig):
 
     def ready(self) -> None:
         # Classroom plugs into chat through its seams; chat never imports classroom.
-        from chat.access import register_chat_policy, register_owner_limit
+        from chat.access import (
+            register_chat_policy,
+            register_owner_limit,
+            register_view_observer,
+        )
         from chat.actions import register_send_check
         from chat.models import ChatSession
         from chat.panels import register_home_panel
         from chat.runhost.setup import register_run_finished, register_run_setup
         from classroom.access import student_limit, teacher_policy
-        from classroom.actions import class_run_finished, class_send_check
+        from classroom.actions import class_run_finished, class_send_check, observe_view
         from classroom.prompt import class_run_setup
         from classroom.views import home_panel
 
@@ -23,3 +27,4 @@ class ClassroomConfig(AppConfig):
         register_run_finished(ChatSession.Kind.CLASSROOM, class_run_finished)
         register_run_setup(ChatSession.Kind.CLASSROOM, class_run_setup)
         register_home_panel(home_panel)
+        register_view_observer(observe_view)

@@ -12,6 +12,7 @@ access is checked again for each, and one function of ``classroom.actions`` does
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -50,6 +51,9 @@ class WallConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self.subscriptions: dict[str, ChatSubscription] = {}
         self.names: dict[str, str] = {}
+        # The newest stream snapshot per chat, sent together once per push interval.
+        self.snapshots: dict[str, dict[str, Any]] = {}
+        self.flushing: asyncio.TimerHandle | None = None
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
@@ -71,6 +75,8 @@ class WallConsumer(AsyncWebsocketConsumer):
         executor.ensure_sweeper()
 
     async def disconnect(self, code: int) -> None:
+        if self.flushing is not None:
+            self.flushing.cancel()
         for chat_id, subscription in self.subscriptions.items():
             subscription.close()
             await self.channel_layer.group_discard(chat_group(chat_id), self.channel_name)
@@ -140,6 +146,7 @@ class WallConsumer(AsyncWebsocketConsumer):
                 next_batch=wall.batch_renderer(found[chat_id]),
                 stream_html=wall.stream_html,
                 partial_html=wall.partial_html,
+                events_html=wall.events_renderer(found[chat_id]),
             )
             await self.channel_layer.group_add(chat_group(chat_id), self.channel_name)
         if new:
@@ -230,9 +237,35 @@ class WallConsumer(AsyncWebsocketConsumer):
             await subscription.on_events(event)
 
     async def chat_stream(self, event: dict[str, Any]) -> None:
-        subscription = self.subscriptions.get(str(event.get("chat_id")))
-        if subscription is not None:
-            await subscription.on_stream(event)
+        """Keep the newest snapshot per chat; one frame per push interval sends the
+        "writing…" lines of the tiles that changed (never one frame per snapshot)."""
+        chat_id = str(event.get("chat_id"))
+        if chat_id not in self.subscriptions:
+            return
+        self.snapshots[chat_id] = event
+        if self.flushing is None:
+            interval = float(settings.LYCEUM_STREAM_PUSH_INTERVAL)
+            loop = asyncio.get_running_loop()
+            self.flushing = loop.call_later(interval, self._start_flush)
+
+    def _start_flush(self) -> None:
+        self.flushing = None
+        task = asyncio.get_running_loop().create_task(self._flush_snapshots())
+        self._flush_task = task  # keep a reference until it is done
+
+    async def _flush_snapshots(self) -> None:
+        snapshots, self.snapshots = self.snapshots, {}
+        parts = []
+        for chat_id, event in snapshots.items():
+            subscription = self.subscriptions.get(chat_id)
+            if subscription is None or subscription.last_seq is None:
+                continue
+            if not await subscription.may_still_watch():
+                continue
+            parts.append(subscription.stream_fragment(event))
+        html = "".join(parts)
+        if html:
+            await self._send_html(html)
 
     async def class_roster(self, event: dict[str, Any]) -> None:
         """A student joined or opened the class chat: a new tile, followed from seq 0."""

@@ -249,6 +249,8 @@ class TeacherView(models.Model):
         WALL = "wall"
         EXPORT = "export"
         API = "api"
+        SOCKET = "socket"  # the chat page's live socket
+        ARTIFACT = "artifact"  # an artifact of the chat: page, content, zip
 
     classroom = models.ForeignKey(Classroom, on_delete=models.CASCADE, related_name="+")
     chat = models.ForeignKey("chat.ChatSession", on_delete=models.CASCADE, related_name="+")
@@ -279,6 +281,8 @@ class HeldInput(models.Model):
     flag = models.ForeignKey(
         Flag, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Sent before the pause (the model check, if any, has read it already).
+    checked = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

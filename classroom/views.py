@@ -391,6 +391,7 @@ def class_live(request: HttpRequest, classroom_id: int, student_id: int | None =
             "guardrails": guardrails,
             "categories": [c for c in FlagCategory.choices if c[0] != FlagCategory.LLM],
             "on_flag_choices": OnFlag.choices,
+            "models": available_models(),
         },
     )
 
@@ -405,6 +406,7 @@ def class_guardrails(request: HttpRequest, classroom_id: int) -> HttpResponse:
         categories=request.POST.getlist("categories"),
         words=request.POST.get("words", ""),
         on_flag=request.POST.get("on_flag", OnFlag.NOTIFY),
+        check_model=request.POST.get("check_model", ""),
         success="Guardrails saved.",
     )
     return redirect("class_live", classroom_id)

@@ -173,6 +173,16 @@ def batch_renderer(student_name: str):
     return next_batch
 
 
+def events_renderer(student_name: str):
+    """ChatSubscription's ``events_html`` for one tile: the doorbell's compact events."""
+
+    def events_html(chat_id: str, compact: list[Any]) -> str:
+        events = [StoredEvent(int(seq), str(kind), dict(payload)) for seq, kind, payload in compact]
+        return tile_fragments(chat_id, events, student_name) if events else ""
+
+    return events_html
+
+
 # --- the page ------------------------------------------------------------------------------------
 
 

@@ -29,7 +29,14 @@ from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt
 
 from chat import actions, artifacts, store
-from chat.access import ChatAction, access_artifact, access_chat, access_version
+from chat.access import (
+    ChatAction,
+    ViewHow,
+    access_artifact,
+    access_chat,
+    access_version,
+    note_view,
+)
 from chat.agent.events import TERMINAL_TYPES
 from chat.api.follow import RunFollower, follow_run
 from chat.apikeys import authenticate_key
@@ -334,6 +341,7 @@ def _run_summary(user, session_id: str, run_id: str) -> dict[str, Any]:
         run = Run.objects.get(pk=run_id, chat=chat)
     except (Run.DoesNotExist, ValueError, ValidationError):
         raise ApiError(404, "not_found", "No such run in this session.") from None
+    note_view(user, chat, ViewHow.API)
     terminals = store.run_events(chat.pk, str(run.pk), TERMINAL_TYPES)
     terminal = terminals[0].payload if terminals else None
     body: dict[str, Any] = {"session_id": str(chat.pk), "run_id": str(run.pk), "status": run.status}
@@ -383,6 +391,7 @@ def _version_json(version: ArtifactVersion, request: HttpRequest) -> dict[str, A
 
 def _list_artifacts(user, session_id: str, request: HttpRequest) -> dict[str, Any]:
     chat = access_chat(user, session_id, ChatAction.VIEW)
+    note_view(user, chat, ViewHow.API)
     rows = Artifact.objects.filter(chat=chat).order_by("-updated_at", "-pk")
     return {"session_id": str(chat.pk), "artifacts": [_artifact_json(a, request) for a in rows]}
 
@@ -396,6 +405,7 @@ async def artifacts_list(request: HttpRequest, session_id: str) -> HttpResponse:
 
 def _one_artifact(user, artifact_id: str, request: HttpRequest) -> dict[str, Any]:
     artifact = access_artifact(user, artifact_id)
+    note_view(user, artifact.chat, ViewHow.ARTIFACT)
     body = _artifact_json(artifact, request)
     body["session_id"] = str(artifact.chat_id)
     body["version_list"] = [_version_json(v, request) for v in artifact.versions.all()]
@@ -412,7 +422,7 @@ async def artifact_detail(request: HttpRequest, artifact_id: str) -> HttpRespons
 @api_view(methods=("GET",))
 async def artifact_download(request: HttpRequest, artifact_id: str, number: int) -> HttpResponse:
     """``GET /api/v1/artifacts/<id>/versions/<n>/download``: the content, as an attachment."""
-    version = await database_sync_to_async(access_version)(request.api_user, artifact_id, number)
+    version = await database_sync_to_async(_viewed_version)(request.api_user, artifact_id, number)
     data = await database_sync_to_async(artifacts.read_bytes)(version)
     response = HttpResponse(data, content_type=version.mime)
     response["Content-Disposition"] = content_disposition_header(
@@ -421,6 +431,12 @@ async def artifact_download(request: HttpRequest, artifact_id: str, number: int)
     response["X-Content-Type-Options"] = "nosniff"
     response["Content-Security-Policy"] = "sandbox; default-src 'none'"
     return response
+
+
+def _viewed_version(user, artifact_id: str, number: int) -> ArtifactVersion:
+    version = access_version(user, artifact_id, number)
+    note_view(user, version.artifact.chat, ViewHow.ARTIFACT)
+    return version
 
 
 @api_view()

@@ -16,6 +16,26 @@ SUB_AGENT_PROMPT = (
     "The user does not see your messages directly."
 )
 
+# The system prompt of the optional moderation check (a class's guardrails): one short
+# call per message; the model answers "OK" or "FLAG: <reason>" (MODERATION_FLAG).
+MODERATION_PROMPT = (
+    "You are a safety checker for a school class chat. The user message is one message of "
+    "that chat, written by a student or by an AI persona. If a teacher should look at it "
+    "(self-harm, violence, bullying, sexual content, hate, personal data, dangerous advice), "
+    "answer with one line: FLAG: followed by a short reason. Otherwise answer exactly: OK"
+)
+MODERATION_FLAG = "FLAG:"
+MODERATION_OK = "OK"
+
+
+def moderation_verdict(answer: str) -> str | None:
+    """The reason of a "FLAG: <reason>" answer, or None for anything else (OK included)."""
+    first = (answer or "").strip().splitlines()[0].strip() if (answer or "").strip() else ""
+    if not first.upper().startswith(MODERATION_FLAG):
+        return None
+    return first[len(MODERATION_FLAG) :].strip() or "flagged by the model check"
+
+
 # Marks a user message that arrived while the agent was working (in the model's copy only).
 USER_APPENDED_PREFIX = "[User appended] "
 

@@ -19,7 +19,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404
 
 from chat import actions
-from chat.access import ChatAction, access_chat
+from chat.access import ChatAction, ViewHow, access_chat, note_view
 from chat.inputs import BadInput, parse_object
 from chat.live.direct import DirectDispatch
 from chat.live.doorbell import chat_group
@@ -76,6 +76,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         if not await self._allowed(ChatAction.VIEW):
             await self.close(code=CLOSE_NOT_FOUND)
             return
+        await database_sync_to_async(note_view)(self.user, self.chat_id, ViewHow.SOCKET)
         self.subscription = ChatSubscription(
             self.chat_id,
             send=self._send_html,

@@ -91,8 +91,25 @@ def events_doorbell(chat_id: Any, rows: list[ChatEvent]) -> dict[str, Any]:
         after=events[0].seq - 1,
         html=html,
         rounds=fragments.written_rounds(events),
+        events=[_compact(e) for e in events],
     )
     return message
+
+
+COMPACT_TEXT = 400  # what a doorbell carries of a message's text (a tile shows less)
+
+
+def _compact(event: StoredEvent) -> list[Any]:
+    """The event's seq, kind and a short payload: enough for a compact view (the
+    teacher's wall tiles) to render it without reading the log."""
+    p = event.payload
+    short: dict[str, Any] = {k: p[k] for k in ("role", "sender_name", "number", "title") if k in p}
+    if "content" in p:
+        short["content"] = str(p.get("content") or "")[:COMPACT_TEXT]
+    extra = p.get("extra") or {}
+    if isinstance(extra, dict) and extra.get("teacher"):
+        short["extra"] = {"teacher": True}
+    return [event.seq, event.kind, short]
 
 
 # --- sending from a sync thread ---------------------------------------------------------

@@ -42,6 +42,8 @@ OnAccessLost = Callable[[], Awaitable[None]]
 NextBatch = Callable[[str, int], tuple[list[Any], str]]
 StreamHtml = Callable[[dict[str, Any]], str]
 PartialHtml = Callable[[str, Run], str]
+# Renders the compact events a doorbell carries (``[seq, kind, short payload]``).
+EventsHtml = Callable[[str, list[Any]], str]
 
 
 class ChatSubscription:
@@ -56,6 +58,7 @@ class ChatSubscription:
         next_batch: NextBatch | None = None,
         stream_html: StreamHtml | None = None,
         partial_html: PartialHtml | None = None,
+        events_html: EventsHtml | None = None,
     ) -> None:
         """``next_batch``, ``stream_html`` and ``partial_html`` render for another kind
         of page (the teacher's wall renders compact tiles); given ``next_batch``, the
@@ -65,6 +68,7 @@ class ChatSubscription:
         self._doorbell_html = next_batch is None
         self._stream_html = stream_html or (lambda event: event["html"])
         self._partial_html = partial_html
+        self._events_html = events_html
         self.last_seq: int | None = None  # None until the page says where it is (resync)
         self.flushed_round: dict[str, int] = {}
         self._send = send
@@ -113,19 +117,39 @@ class ChatSubscription:
             self.last_seq = seq
             await self._send(event["html"])
             return
+        if (
+            self._events_html is not None
+            and event.get("after") == self.last_seq
+            and "events" in event
+            and not self._reading
+        ):
+            # Up to date: render the doorbell's own compact events, no read of the log.
+            self._note_written_rounds(event.get("rounds") or [])
+            self.last_seq = seq
+            html = self._events_html(self.chat_id, event["events"])
+            if html:
+                await self._send(html)
+            return
         await self.push_new_events()
 
     async def on_stream(self, event: dict[str, Any]) -> None:
         """A snapshot of the reply being streamed."""
         if self.last_seq is None or not await self.may_still_watch():
             return
-        run_id = str(event.get("run_id"))
-        if int(event.get("round", 0)) <= self.flushed_round.get(run_id, -1):
-            return  # that reply was written already
-        html = self._stream_html(event)
+        html = self.stream_fragment(event)
         if html:
             await self._send(html)
+
+    def stream_fragment(self, event: dict[str, Any]) -> str:
+        """The fragment of a snapshot, or "" for a reply written already (a socket that
+        coalesces snapshots calls this when it sends, with the newest one it kept)."""
+        if self.last_seq is None or self.access_lost:
+            return ""
+        run_id = str(event.get("run_id"))
+        if int(event.get("round", 0)) <= self.flushed_round.get(run_id, -1):
+            return ""  # that reply was written already
         self._arm_quiet_check()
+        return self._stream_html(event)
 
     # --- access ----------------------------------------------------------------------------
 

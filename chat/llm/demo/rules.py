@@ -42,6 +42,9 @@ is not available. Special modes, chosen from the system prompt or the request:
 * **compaction** (the last user message starts with
   ``chat.core.compact.SUMMARY_INSTRUCTIONS``): a nine-section summary naming the first user
   messages of the JSON transcript and how many messages it held.
+* **moderation** (the system prompt is ``chat.core.prompts.MODERATION_PROMPT``):
+  ``FLAG: <reason>`` when the message holds a word of ``MODERATION_DEMO_WORDS``
+  ("unsafe-demo"), ``OK`` otherwise.
 
 Pure and deterministic: the only "randomness" is a ``random.Random`` seeded from a hash of
 the request.
@@ -65,6 +68,9 @@ from chat.core.prompts import (
     DENIED_REASON_LABEL,
     DENIED_TEXT,
     EXPIRED_TEXT,
+    MODERATION_FLAG,
+    MODERATION_OK,
+    MODERATION_PROMPT,
     SUB_AGENT_PROMPT,
     TITLE_INSTRUCTIONS,
     TITLE_USER_LABEL,
@@ -160,6 +166,8 @@ def plan_reply(request: ChatRequest) -> DemoReply:
             return _as_sub_agent_report(reply) if sub_agent else reply
         # After a compaction the context ends on the summary: carry on with the user's request.
     text = _last_user_text(request.messages)
+    if MODERATION_PROMPT in request.system_prompt:
+        return _moderation_reply(text)
     if text.startswith(SUMMARY_INSTRUCTIONS):
         return _summary_reply(text)
     if text.startswith(TITLE_INSTRUCTIONS):
@@ -181,6 +189,18 @@ def plan_reply(request: ChatRequest) -> DemoReply:
         if reply is not None:
             return reply
     return _default_reply(turn, text)
+
+
+# The moderation check's words: a message with one of them is flagged, any other is OK.
+MODERATION_DEMO_WORDS = ("unsafe-demo", "flag-me-demo")
+
+
+def _moderation_reply(text: str) -> DemoReply:
+    lowered = text.lower()
+    for word in MODERATION_DEMO_WORDS:
+        if word in lowered:
+            return DemoReply("", f"{MODERATION_FLAG} the demo check found “{word}”")
+    return DemoReply("", MODERATION_OK)
 
 
 def offered_tools(request: ChatRequest) -> dict[str, dict[str, Any]]:
