@@ -36,6 +36,7 @@ from chat.apikeys import authenticate_key
 from chat.core.artifacts import safe_filename
 from chat.inputs import BadInput, parse_object, text_problem
 from chat.models import Artifact, ArtifactVersion, Run, ToolApproval
+from chat.runhost import executor
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 response["WWW-Authenticate"] = "Bearer"
                 return response
             request.api_user = user
+            # A process serving the API dispatches runs: it recovers them too (§6).
+            executor.ensure_sweeper()
             if any(isinstance(v, str) and text_problem(v) for v in kwargs.values()):
                 return error_response(
                     400, "invalid_request_error", "The URL holds characters that are not allowed."

@@ -22,11 +22,11 @@ BACKOFF_MAX = 10.0
 
 class RunWorker(Worker):
     async def handle(self):
-        sweeper = asyncio.ensure_future(executor.sweep_forever())
+        executor.ensure_sweeper()  # the one sweeper of this process (launch ensures it too)
         try:
             await super().handle()
         finally:
-            sweeper.cancel()
+            await executor.stop_all()  # the sweeper, the runs left, the kept providers
             await close_providers()  # the kept providers' connection pools
 
     async def listener(self, channel):
