@@ -160,7 +160,7 @@ class RunFollower:
             text_len, reasoning_len = self.resumed.pop(key)
             self.sent[key] = (text[:text_len], reasoning[:reasoning_len])
         sent_text, sent_reasoning = self.sent.get(key, ("", ""))
-        out = []
+        out: list[dict[str, Any]] = []
         common: dict[str, Any] = {
             "chat_id": self.chat_id,
             "run_id": self.run_id,
