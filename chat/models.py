@@ -167,6 +167,8 @@ class Run(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)  # proves a process still runs it
     # Taken by the one process that executes the current leg of the run (see runner._prepare).
     claimed = models.BooleanField(default=False)
+    # Times the sweeper handed this leg over again because nobody claimed it in time.
+    redispatched = models.PositiveSmallIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
     iteration = models.PositiveIntegerField(default=0)
     thinking = models.BooleanField(default=True)

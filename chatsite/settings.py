@@ -22,6 +22,7 @@ from chatsite.env import (
     env_list,
     env_str,
 )
+from chatsite.redishosts import SOCKET_TIMEOUT, redis_host
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -142,25 +143,18 @@ REDIS_URL = env_str("REDIS_URL")
 # Key prefix of the Redis channel layer: deployments (or test runs) sharing one Redis
 # database keep their channels and groups apart with distinct prefixes.
 LYCEUM_REDIS_PREFIX = env_str("LYCEUM_REDIS_PREFIX", "asgi") or "asgi"
-REDIS_SOCKET_TIMEOUT = 30.0
+REDIS_SOCKET_TIMEOUT = SOCKET_TIMEOUT
 REDIS_MAX_CONNECTIONS = env_int("LYCEUM_REDIS_MAX_CONNECTIONS", 1000, minimum=10)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                # channels_redis blocks 5 s per BZPOPMIN; redis-py >= 8 times reads out after
-                # 5 s by default, which races it and kills idle receive loops (a runworker
-                # exits). Reads must be allowed to outlast the blocking pop.
+                # redis_host: a socket timeout that outlasts the blocking pop, and a command
+                # on a connection pooled before a Redis restart retried once, reconnected.
                 # redis-py fails a command outright when its pool (100 by default) is
                 # used up, which a hundred streaming runs in one process can do.
-                "hosts": [
-                    {
-                        "address": REDIS_URL,
-                        "socket_timeout": REDIS_SOCKET_TIMEOUT,
-                        "max_connections": REDIS_MAX_CONNECTIONS,
-                    }
-                ],
+                "hosts": [redis_host(REDIS_URL, max_connections=REDIS_MAX_CONNECTIONS)],
                 "capacity": 1500,
                 "expiry": 30,
                 "prefix": LYCEUM_REDIS_PREFIX,
@@ -173,7 +167,7 @@ if REDIS_URL:
         "live": {
             "BACKEND": "chat.live.layers.PipelinedPubSubChannelLayer",
             "CONFIG": {
-                "hosts": [{"address": REDIS_URL, "socket_timeout": REDIS_SOCKET_TIMEOUT}],
+                "hosts": [redis_host(REDIS_URL)],
                 "prefix": LYCEUM_REDIS_PREFIX,
             },
         },

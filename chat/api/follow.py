@@ -43,6 +43,43 @@ class RunFollower:
     sent: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
     flushed_round: int = -1
     done: bool = False
+    # A resumed stream: what of each reply (round, voice) the client had (text, reasoning
+    # lengths), from its Last-Event-ID; taken up when the reply shows up again.
+    resumed: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    # The SSE id of each event produced (by the event's identity), taken when it is sent.
+    ids: dict[int, str] = field(default_factory=dict)
+
+    def _out(self, out: list[dict[str, Any]], item: dict[str, Any]) -> None:
+        """Produce ``item``, noting the id to resume after it as things stand now."""
+        out.append(item)
+        self.ids[id(item)] = self.event_id()
+
+    def take_id(self, item: dict[str, Any]) -> str:
+        return self.ids.pop(id(item), str(self.last_seq))
+
+    def event_id(self) -> str:
+        """The SSE id of the event just produced: the seq, then what of each reply still
+        streaming was sent (``<seq>`` or ``<seq>_<round>.<voice>.<text>.<reasoning>…``).
+
+        A client that sends it back as ``Last-Event-ID`` resumes with no event twice.
+        """
+        parts = [str(self.last_seq)]
+        for (round_, voice), (text, reasoning) in sorted(self.sent.items()):
+            if round_ > self.flushed_round:
+                parts.append(f"{round_}.{voice}.{len(text)}.{len(reasoning)}")
+        return "_".join(parts)
+
+    @classmethod
+    def resuming(cls, chat_id: str, run_id: str, last_event_id: str) -> RunFollower:
+        """A follower carrying on after ``last_event_id`` (ValueError if it is not one)."""
+        seq, *replies = last_event_id.strip().split("_")
+        follower = cls(chat_id=chat_id, last_seq=int(seq), run_id=run_id)
+        if follower.last_seq < 0 or len(replies) > 64:
+            raise ValueError(last_event_id)
+        for reply in replies:
+            round_, voice, text, reasoning = (int(n) for n in reply.split("."))
+            follower.resumed[(round_, voice)] = (text, reasoning)
+        return follower
 
     def apply_events(self, events: list[StoredEvent]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -64,9 +101,9 @@ class RunFollower:
                 continue
             if payload.get("run_id") != self.run_id:
                 continue
-            out.append({**payload, "seq": event.seq})
             if event.kind in TERMINAL_TYPES:
                 self.done = True
+            self._out(out, {**payload, "seq": event.seq})
         return out
 
     def apply_snapshot(self, message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -119,8 +156,11 @@ class RunFollower:
         ``key`` is (round, voice): one reply of the main agent has voice -1; a run with
         several speakers has one reply per voice, and its deltas name their speaker.
         """
+        if key not in self.sent and key in self.resumed:  # the client had this much
+            text_len, reasoning_len = self.resumed.pop(key)
+            self.sent[key] = (text[:text_len], reasoning[:reasoning_len])
         sent_text, sent_reasoning = self.sent.get(key, ("", ""))
-        out = []
+        out: list[dict[str, Any]] = []
         common: dict[str, Any] = {
             "chat_id": self.chat_id,
             "run_id": self.run_id,
@@ -128,20 +168,23 @@ class RunFollower:
         }
         if speaker:
             common["speaker"] = speaker
-        if reasoning.startswith(sent_reasoning) and len(reasoning) > len(sent_reasoning):
-            out.append(
-                {"type": "thinking_delta", **common, "text": reasoning[len(sent_reasoning) :]}
-            )
-            sent_reasoning = reasoning
-        if text.startswith(sent_text) and len(text) > len(sent_text):
-            out.append({"type": "delta", **common, "text": text[len(sent_text) :]})
-            sent_text = text
         self.sent[key] = (sent_text, sent_reasoning)
+        if reasoning.startswith(sent_reasoning) and len(reasoning) > len(sent_reasoning):
+            delta = reasoning[len(sent_reasoning) :]
+            self.sent[key] = (sent_text, reasoning)
+            self._out(out, {"type": "thinking_delta", **common, "text": delta})
+        if text.startswith(sent_text) and len(text) > len(sent_text):
+            delta = text[len(sent_text) :]
+            self.sent[key] = (text, self.sent[key][1])
+            self._out(out, {"type": "delta", **common, "text": delta})
         return out
 
 
 async def follow_run(follower: RunFollower) -> AsyncIterator[dict[str, Any]]:
-    """Yield the run's typed events until its terminal event."""
+    """Yield the run's typed events until its terminal event.
+
+    After each event ``follower.event_id()`` is the id to resume after it.
+    """
     layer = live_layer()
     channel = await layer.new_channel()
     group = chat_group(follower.chat_id)

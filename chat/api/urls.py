@@ -9,6 +9,11 @@ urlpatterns = [
     path("chat/<str:session_id>/cancel", views.cancel, name="api_cancel"),
     path("chat/<str:session_id>/runs/<str:run_id>", views.run_status, name="api_run"),
     path(
+        "chat/<str:session_id>/runs/<str:run_id>/stream",
+        views.run_stream,
+        name="api_run_stream",
+    ),
+    path(
         "chat/<str:session_id>/approvals/<str:call_id>",
         views.approval,
         name="api_approval",

@@ -44,6 +44,7 @@ from chat.catalog import available_models
 from chat.core.artifacts import safe_filename
 from chat.inputs import BadInput, parse_object, text_problem
 from chat.models import Artifact, ArtifactVersion, Run, ToolApproval
+from chat.runhost import executor
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 response["WWW-Authenticate"] = "Bearer"
                 return response
             request.api_user = user
+            # A process serving the API dispatches runs: it recovers them too (§6).
+            executor.ensure_sweeper()
             if any(isinstance(v, str) and text_problem(v) for v in kwargs.values()):
                 return error_response(
                     400, "invalid_request_error", "The URL holds characters that are not allowed."
@@ -173,7 +176,9 @@ def _attachment_ids(data: dict[str, Any]) -> list[str]:
     return ids
 
 
-async def _follow(user, data: dict[str, Any]) -> tuple[str, AsyncIterator[dict[str, Any]]]:
+async def _follow(
+    user, data: dict[str, Any]
+) -> tuple[str, RunFollower, AsyncIterator[dict[str, Any]]]:
     sent = await database_sync_to_async(_send)(user, data)
     # The run is known when this message started it; a queued message finds its run
     # by the input_taken event.
@@ -183,7 +188,7 @@ async def _follow(user, data: dict[str, Any]) -> tuple[str, AsyncIterator[dict[s
         input_seq=sent.display_seq,
         run_id=sent.run_id,
     )
-    return sent.chat_id, follow_run(follower)
+    return sent.chat_id, follower, follow_run(follower)
 
 
 @api_view()
@@ -193,7 +198,7 @@ async def chat(request: HttpRequest) -> HttpResponse:
     When the run stops to ask for a tool approval, the answer is 202 with the
     pending approvals; approve or deny them, then follow up with another request.
     """
-    chat_id, events = await _follow(request.api_user, read_json(request))
+    chat_id, _follower, events = await _follow(request.api_user, read_json(request))
     reply: list[str] = []
     try:
         async for event in events:
@@ -275,18 +280,71 @@ def _run_failed(chat_id: str, event: dict[str, Any]) -> JsonResponse:
 @api_view()
 async def chat_stream(request: HttpRequest) -> HttpResponse:
     """``POST /api/v1/chat/stream``: the run's typed events as ``text/event-stream``."""
-    chat_id, events = await _follow(request.api_user, read_json(request))
+    chat_id, follower, events = await _follow(request.api_user, read_json(request))
+    return _sse_response(chat_id, follower, events)
+
+
+def _sse_response(
+    chat_id: str, follower: RunFollower, events: AsyncIterator[dict[str, Any]]
+) -> StreamingHttpResponse:
+    """The events as SSE, each with the id to resume after it (``Last-Event-ID``)."""
 
     async def body() -> AsyncIterator[bytes]:
         yield f": session {chat_id}\n\n".encode()
-        async for event in events:
-            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
+        try:
+            async for event in events:
+                data = json.dumps(event, ensure_ascii=False)
+                yield f"id: {follower.take_id(event)}\ndata: {data}\n\n".encode()
+        except Exception:
+            # Headers are gone: say it in the stream, and where to resume.
+            logger.exception("API stream of chat %s failed", chat_id)
+            problem = {
+                "type": "stream_error",
+                "message": "The stream broke off on the server; resume it with Last-Event-ID.",
+                "run_id": follower.run_id,
+                "resume": f"/api/v1/chat/{chat_id}/runs/{follower.run_id}/stream",
+            }
+            yield f"event: error\ndata: {json.dumps(problem)}\n\n".encode()
 
     response = StreamingHttpResponse(body(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     response["X-Lyceum-Session"] = chat_id
     return response
+
+
+@api_view(methods=("GET",))
+async def run_stream(request: HttpRequest, session_id: str, run_id: str) -> HttpResponse:
+    """``GET /api/v1/chat/<session_id>/runs/<run_id>/stream``: the run's events as SSE.
+
+    With ``Last-Event-ID`` (the id of the last event seen), every event after it and no
+    event twice; without it, from the run's start. Ends with the run's terminal event.
+    """
+    chat_id, start = await database_sync_to_async(_run_stream_start)(
+        request.api_user, session_id, run_id
+    )
+    last_event_id = request.headers.get("Last-Event-ID", "").strip()
+    if last_event_id:
+        try:
+            follower = RunFollower.resuming(chat_id, run_id, last_event_id)
+        except ValueError:
+            raise ApiError(
+                400, "invalid_request_error", "'Last-Event-ID' is not an id this API sent."
+            ) from None
+    else:
+        follower = RunFollower(chat_id=chat_id, last_seq=start, run_id=run_id)
+    return _sse_response(chat_id, follower, follow_run(follower))
+
+
+def _run_stream_start(user, session_id: str, run_id: str) -> tuple[str, int]:
+    """The chat and the seq just before the run's first event (after access checks)."""
+    chat = access_chat(user, session_id, ChatAction.VIEW)
+    try:
+        run = Run.objects.get(pk=run_id, chat=chat)
+    except (Run.DoesNotExist, ValueError, ValidationError):
+        raise ApiError(404, "not_found", "No such run in this session.") from None
+    started = store.run_events(chat.pk, str(run.pk), {"run_start"})
+    return str(chat.pk), (started[0].seq - 1 if started else 0)
 
 
 @api_view()

@@ -78,7 +78,7 @@ def launch_soon(run_id: str, *, resume: bool = False) -> None:
         loop.call_soon_threadsafe(_launch_here, run_id, resume)
         return
     if settings.LYCEUM_RUNNER == "worker":
-        async_to_sync(launch)(run_id, resume=resume)
+        async_to_sync(_hand_to_workers)(run_id, resume)  # a loop of its own: no sweeper
         return
     logger.warning("run %s was not started: no event loop to run it in", run_id)
 
@@ -104,13 +104,28 @@ async def launch(run_id: str | None, *, resume: bool = False) -> None:
     if not run_id:
         return
     if settings.LYCEUM_RUNNER == "worker":
-        await get_channel_layer().send(
-            settings.LYCEUM_WORKER_CHANNEL,
-            {"type": "run.execute", "run_id": str(run_id), "resume": resume},
-        )
+        await _hand_to_workers(str(run_id), resume)
     else:
         start_local(str(run_id), resume=resume)
-        ensure_sweeper()
+    # Whoever dispatches runs recovers them too (an API-only web process included).
+    ensure_sweeper()
+
+
+async def _hand_to_workers(run_id: str, resume: bool) -> None:
+    """Send the run to the workers; a failed send is tried once more.
+
+    The Redis connections retry a command once themselves (``chatsite.redishosts``);
+    this covers the rest (a pool being rebuilt). A dispatch lost anyway is handed over
+    again by the sweeper (``transitions.redispatch_undispatched``).
+    """
+    message = {"type": "run.execute", "run_id": run_id, "resume": resume}
+    layer = get_channel_layer()
+    try:
+        await layer.send(settings.LYCEUM_WORKER_CHANNEL, message)
+    except Exception:  # noqa: BLE001 - once more, then let the caller hear of it
+        logger.warning("dispatching run %s failed; trying once more", run_id, exc_info=True)
+        await asyncio.sleep(0.2)
+        await layer.send(settings.LYCEUM_WORKER_CHANNEL, message)
 
 
 def start_local(run_id: str, *, resume: bool = False) -> asyncio.Task:
@@ -182,6 +197,11 @@ async def sweep_forever() -> None:
 async def sweep_once() -> None:
     for run_id in await database_sync_to_async(transitions.expire_approvals)():
         await launch(run_id, resume=True)
+    # Handed over but never claimed (a dispatch lost with Redis): once more, before
+    # recovery would call them dead.
+    for run_id in await database_sync_to_async(transitions.redispatch_undispatched)():
+        logger.warning("run %s was not claimed in time; dispatching it again", run_id)
+        await launch(run_id, resume=True)
     await database_sync_to_async(transitions.recover_stale_runs)()
     for run_id in await database_sync_to_async(transitions.start_stranded_runs)():
         await launch(run_id)
@@ -230,7 +250,7 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
     # (channels_redis re-queues a message another consumer is still handling), and a
     # run must execute once.
     claimed = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, claimed=False).update(
-        claimed=True, heartbeat_at=timezone.now()
+        claimed=True, heartbeat_at=timezone.now(), redispatched=0
     )
     if not claimed:
         return None

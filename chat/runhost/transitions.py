@@ -24,7 +24,9 @@ from chat import store
 from chat.agent import events as ev
 from chat.agent.loop import Decision
 from chat.catalog import default_model
+from chat.core.eventlog import MSG
 from chat.core.messages import ChatMessage
+from chat.core.tokens import estimate_text_tokens
 from chat.live.doorbell import ring
 from chat.llm.types import ErrorCategory, Usage
 from chat.models import ChatSession, QueuedInput, Run, ToolApproval
@@ -38,6 +40,10 @@ STALE_AFTER = timedelta(seconds=15)  # the default of settings.LYCEUM_RUN_STALE_
 INTERRUPTED_MESSAGE = (
     "The reply was interrupted because the process running it stopped. "
     "The text written so far is kept."
+)
+NEVER_STARTED_MESSAGE = (
+    "The reply never started: no process took it in time, even when it was handed over "
+    "again. Send the message again."
 )
 
 
@@ -107,6 +113,26 @@ def start_stranded_runs() -> list[str]:
         if run_id:
             started.append(run_id)
     return started
+
+
+def redispatch_undispatched(now=None) -> list[str]:
+    """Runs handed over that no process claimed by their dispatch deadline: hand them over
+    once more (the dispatch was lost: a Redis restart, a worker gone with it).
+
+    The heartbeat moves to now, so a run still unclaimed a stale window later is
+    recovered by :func:`recover_stale_runs` (as never started). Returns the runs to launch.
+    """
+    now = now or timezone.now()
+    overdue = Run.objects.filter(
+        status=Run.Status.RUNNING, claimed=False, redispatched=0, heartbeat_at__lt=now
+    ).values_list("pk", flat=True)
+    handed = []
+    for run_id in list(overdue[:100]):
+        if Run.objects.filter(
+            pk=run_id, status=Run.Status.RUNNING, claimed=False, redispatched=0
+        ).update(redispatched=1, heartbeat_at=now):
+            handed.append(str(run_id))
+    return handed
 
 
 def unclaimed_runs(limit: int) -> list[str]:
@@ -311,15 +337,70 @@ def recover_stale_runs(*, everything: bool = False) -> list[str]:
         )
     recovered = []
     for run in runs_to_recover.select_related("chat"):
-        host = DjangoRunHost(run, store.load_context(run.chat_id))
-        text, reasoning = run.partial_text, run.partial_reasoning
-        event = ev.Error(
-            category=str(ErrorCategory.INTERRUPTED),
-            message=INTERRUPTED_MESSAGE,
-            partial_text=text,
-            status="interrupted",
-        )
-        partials = partial_message(text, reasoning, str(Run.Status.INTERRUPTED), run.speakers)
-        if finish_run(host, Run.Status.INTERRUPTED, event, partials, Usage()):
+        if _recover(run):
             recovered.append(str(run.pk))
     return recovered
+
+
+def _recover(run: Run) -> bool:
+    """End a run whose process is gone, from what it stored.
+
+    A run that wrote its whole reply (the last message it wrote is a reply with no
+    tool calls, and nothing was streamed after it) died between the reply and its
+    terminal: it is completed, with that reply. Otherwise it is interrupted, and the
+    error carries the text it streamed since, or else the reply it wrote last, so the
+    API tells what the page shows.
+    """
+    host = DjangoRunHost(run, store.load_context(run.chat_id))
+    text, reasoning = run.partial_text, run.partial_reasoning
+    written = _written_replies(run)
+    reply_written = (
+        bool(written)
+        and not written[-1].get("tool_calls")
+        and not text
+        and not reasoning
+        and not store.open_tool_calls(run.chat_id, str(run.pk))
+    )
+    if reply_written:
+        last_round = written[-1].get("extra", {}).get("round")
+        reply = "\n\n".join(
+            m.get("content") or "" for m in written if m.get("extra", {}).get("round") == last_round
+        )
+        usage = Usage(
+            input_tokens=run.input_tokens,
+            output_tokens=run.output_tokens or estimate_text_tokens(reply),
+            estimated=True,
+        )
+        event: ev.RunEvent = ev.Complete(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            usage_estimated=True,
+            text=reply,
+        )
+        return finish_run(host, Run.Status.COMPLETED, event, [], usage)
+    never_started = not run.claimed and run.redispatched > 0 and not written and not text
+    if not text and written:
+        text = written[-1].get("content") or ""
+    event = ev.Error(
+        category=str(ErrorCategory.INTERRUPTED),
+        message=NEVER_STARTED_MESSAGE if never_started else INTERRUPTED_MESSAGE,
+        partial_text=text,
+        status="interrupted",
+    )
+    # Only what was streamed and not yet written becomes a message; the rest is shown.
+    partials = partial_message(
+        run.partial_text, reasoning, str(Run.Status.INTERRUPTED), run.speakers
+    )
+    return finish_run(host, Run.Status.INTERRUPTED, event, partials, Usage())
+
+
+def _written_replies(run: Run) -> list[dict[str, Any]]:
+    """The streamed replies the run wrote as messages (display payloads), oldest first."""
+    return [
+        e.payload
+        for e in store.display_events_after(run.chat_id, 0)
+        if e.kind == MSG
+        and e.payload.get("role") == "assistant"
+        and (e.payload.get("extra") or {}).get("run_id") == str(run.pk)
+        and "round" in (e.payload.get("extra") or {})
+    ]

@@ -65,7 +65,7 @@ def data_lines(response: httpx.Response) -> Iterator[dict[str, Any]]:
         if line.startswith("data: "):
             yield json.loads(line[len("data: ") :])
         else:
-            assert line == "" or line.startswith(":"), line
+            assert line == "" or line.startswith((":", "id: ")), line  # ids: resumable
 
 
 def stream(base: str, key: str, body: dict[str, Any]) -> tuple[httpx.Response, list[dict]]:
