@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('chat', '0009_relay'),
+        ('chat', '0010_everyday'),
     ]
 
     operations = [
