@@ -63,7 +63,7 @@ async def api(alice_key, default_agent, settings, tmp_path):
 async def test_every_event_has_an_id_and_a_resume_from_each_gives_the_rest_once(api):
     response = await api.post(
         "/api/v1/chat/stream",
-        {"message": PROMPT, "model": "demo-fast"},
+        {"message": PROMPT, "model": "demo"},  # paced (1 ms a token): the reply comes in pieces
         content_type="application/json",
         headers=api.auth,
     )
