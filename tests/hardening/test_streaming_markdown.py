@@ -29,12 +29,27 @@ def test_the_pathological_link_reply_costs_little_and_falls_back_to_plain_text()
     assert renderer.render_final(text) is None
 
 
-def test_a_time_budget_also_ends_rendering(monkeypatch):
-    monkeypatch.setattr(markdown, "STREAM_RENDER_SECONDS", 0.0)
+def test_a_work_budget_also_ends_rendering(monkeypatch):
+    monkeypatch.setattr(markdown, "STREAM_RENDER_CHARS", 15)
     renderer = StreamingMarkdown()
-    renderer.render("Some *text*")
+    assert 'class="plain-stream"' not in renderer.render("Some *text*")
+    assert 'class="plain-stream"' in renderer.render("Some *text* and more [x](")
     assert renderer.plain
-    assert 'class="plain-stream"' in renderer.render("Some *text* and more")
+
+
+def test_the_budget_does_not_depend_on_how_busy_the_machine_is(monkeypatch):
+    """The same stream gives the same pages, however slow each render is."""
+    text = "[a](" * 1024
+    _spent, quick, _r = stream(text)
+    real = markdown.StreamingMarkdown._render_tail
+
+    def slow(self, tail):
+        time.sleep(0.001)
+        return real(self, tail)
+
+    monkeypatch.setattr(markdown.StreamingMarkdown, "_render_tail", slow)
+    _spent, slowed, _r = stream(text)
+    assert slowed == quick
 
 
 def test_ordinary_replies_render_as_before():
