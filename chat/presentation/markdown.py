@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 import re
 import threading
-import time
 from collections import OrderedDict
 from functools import lru_cache
 
