@@ -1,13 +1,15 @@
 """The relay's work: admit a request, call the upstream with a pool key, pass its stream on.
 
-``prepare`` (sync, one trip to the database thread) authenticates, checks the body, the
-whitelist and the agent, takes the limits and picks the upstream keys. ``open_upstream``
+``prepare`` (sync) checks the body, the whitelist and the agent, picks the upstream keys
+and takes the limits: in the event loop when everything it reads is in the per-process
+caches and the limits are in Redis (``ttlcache.offline()``; the hot path), else on the
+database thread. ``open_upstream``
 sends the request, moving to the next key when one fails before its first byte.
 ``relay_stream`` passes the upstream's SSE bytes on as they come, cut only at line ends:
 each ``data:`` line is looked at (is it JSON-shaped, is it ``[DONE]``, an error, the usage
 chunk) but parsed only when it carries usage or an error, or when ``session_key`` needs the
-reply's text. ``finish`` (sync) writes the one usage record, settles the limits and stores
-the exchange.
+reply's text. ``finish`` hands the one usage record, the limits to settle, the keys' attempts and the
+exchange to store to the batch writer (``writer.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import transaction
 
 from chat.apikeys import authenticate_api_key, hash_key
 from chat.catalog import ModelChoice, available_models
@@ -35,8 +36,9 @@ from chat.llm.openai import scrub_secret
 from chat.llm.retry import error_fields, parse_retry_after, short_detail
 from chat.llm.wire import WireError, messages_from_openai
 from chat.models import Agent, ApiKey, UsageRecord
-from chat.relay import limits, pool
+from chat.relay import limits, pool, ttlcache
 from chat.relay.ttlcache import cached
+from chat.relay.writer import Item, writer
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +139,11 @@ class Outcome:
 
 
 def authenticate(raw_key: str) -> ApiKey:
-    key = cached(("key", hash_key(raw_key)), lambda: authenticate_api_key(raw_key))
+    """The key's row (sync; inside ``ttlcache.offline()`` only from memory)."""
+    return _key_or_error(cached(("key", hash_key(raw_key)), lambda: authenticate_api_key(raw_key)))
+
+
+def _key_or_error(key: ApiKey | None) -> ApiKey:
     if key is None:
         raise RelayError(
             401,
@@ -210,8 +216,11 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     prompt_estimate = estimate_tokens(parsed)
     cost = prompt_estimate + (max_tokens or settings.LYCEUM_RELAY_RESERVE_TOKENS)
     user_text = next((m.content for m in reversed(parsed) if m.role == "user"), "")
+    # Everything read before the limits are taken: a cache miss in the event loop
+    # (ttlcache.Miss) must leave nothing taken, the database thread then does it all.
+    pooled = pool.pool_of(choice.provider_name)
+    policies = cached(("limits", api_key.pk), lambda: limits.policies_for(user, api_key))
     try:
-        policies = cached(("limits", api_key.pk), lambda: limits.policies_for(user, api_key))
         admission = limits.admit(policies, cost)
     except limits.Refused as exc:
         _record_refusal(user, api_key, model, stream, session_key, agent_id, exc)
@@ -222,11 +231,7 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             "rate_limit_exceeded" if exc.reason == "rate_limit" else "insufficient_quota",
             retry_after=exc.retry_after,
         ) from None
-    try:
-        upstream = pool.upstream_for(choice.provider_name)
-    except Exception:
-        limits.settle(admission, 0)
-        raise
+    upstream = pool.ordered(pooled)  # the round robin's turn: once per admitted request
     passed = set(settings.LYCEUM_RELAY_PASS_FIELDS)
     out = {k: v for k, v in data.items() if k in OPENAI_FIELDS or k in passed}
     out["model"] = choice.model_id
@@ -271,17 +276,21 @@ def _record_refusal(
     agent_id: str,
     exc: limits.Refused,
 ) -> None:
-    UsageRecord.objects.create(
-        user=user,
-        api_key=api_key,
-        model=model[:200],
-        stream=stream,
-        status="refused",
-        http_status=429,
-        error=exc.reason,
-        session_key=session_key,
-        agent_id=agent_id,
-        latency_ms=0,
+    writer.add(
+        Item(
+            UsageRecord(
+                user=user,
+                api_key=api_key,
+                model=model[:200],
+                stream=stream,
+                status="refused",
+                http_status=429,
+                error=exc.reason,
+                session_key=session_key,
+                agent_id=agent_id,
+                latency_ms=0,
+            )
+        )
     )
 
 
@@ -593,14 +602,12 @@ def background(coro: Any) -> None:
 async def _close_and_finish(
     response: httpx.Response, prep: Prepared, outcome: Outcome, done: asyncio.Future[None] | None
 ) -> None:
-    from channels.db import database_sync_to_async
-
     try:
         await response.aclose()
     except Exception:  # noqa: BLE001 - the upstream is gone either way
         logger.debug("closing the upstream response failed", exc_info=True)
     try:
-        await database_sync_to_async(finish)(prep, outcome)
+        finish(prep, outcome)
     finally:
         if done is not None and not done.done():
             done.set_result(None)
@@ -649,42 +656,65 @@ async def relay_once(prep: Prepared, response: httpx.Response, outcome: Outcome)
 
 
 def finish(prep: Prepared, outcome: Outcome) -> UsageRecord:
-    """The usage record, the settled limits, the key records and the stored exchange."""
-    from chat import actions
-
+    """The usage record (unsaved), handed to the writer with the limits to settle, the key
+    records and the exchange to store; they are written with the next batch."""
     estimated = not outcome.usage_seen
     prompt = prep.prompt_estimate if estimated else outcome.prompt_tokens
     completion = outcome.completion_estimate if estimated else outcome.completion_tokens
     latency = time.monotonic() - prep.started
-    with transaction.atomic():
-        record = UsageRecord.objects.create(
-            user=prep.user,
-            api_key=prep.api_key,
-            model=prep.choice.alias,
-            provider=prep.choice.provider_name,
-            provider_key_id=outcome.key.key_id if outcome.key else None,
-            stream=prep.stream,
-            status=outcome.status,
-            http_status=outcome.http_status,
-            error=outcome.error[:200],
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            estimated=estimated,
-            latency_ms=int(latency * 1000),
-            ttft_ms=None if outcome.ttft is None else int(outcome.ttft * 1000),
-            session_key=prep.session_key,
-            agent_id=prep.agent_id,
-        )
-        limits.settle(prep.admission, prompt + completion)
-        pool.record_outcomes(outcome.attempts)
+    record = UsageRecord(
+        user=prep.user,
+        api_key=prep.api_key,
+        model=prep.choice.alias,
+        provider=prep.choice.provider_name,
+        provider_key_id=outcome.key.key_id if outcome.key else None,
+        stream=prep.stream,
+        status=outcome.status,
+        http_status=outcome.http_status,
+        error=outcome.error[:200],
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        estimated=estimated,
+        latency_ms=int(latency * 1000),
+        ttft_ms=None if outcome.ttft is None else int(outcome.ttft * 1000),
+        session_key=prep.session_key,
+        agent_id=prep.agent_id,
+    )
+    exchange = None
     if prep.session_key and outcome.status == "ok":
-        try:
-            actions.record_relay_exchange(
-                prep.user, prep.session_key, prep.user_text, outcome.reply_text, prep.choice.alias
-            )
-        except Exception:
-            logger.exception("storing the relay exchange of a session_key failed")
+        exchange = (
+            prep.user,
+            prep.session_key,
+            prep.user_text,
+            outcome.reply_text,
+            prep.choice.alias,
+        )
+    writer.add(Item(record, prep.admission, prompt + completion, list(outcome.attempts), exchange))
     return record
+
+
+async def authenticated(raw_key: str) -> ApiKey:
+    """The key from memory in the event loop when held, else from the database thread."""
+    from channels.db import database_sync_to_async
+
+    writer.ensure_running()
+    hit, key = ttlcache.peek(("key", hash_key(raw_key)))
+    if hit:
+        return _key_or_error(key)
+    return await database_sync_to_async(authenticate)(raw_key)
+
+
+async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
+    """:func:`prepare` in the event loop when everything it reads is in memory and the
+    limits are in Redis; on the database thread otherwise (a miss, limits in the database)."""
+    from channels.db import database_sync_to_async
+
+    try:
+        with ttlcache.offline():
+            return prepare(api_key, dict(data))  # prepare pops the relay's own fields
+    except ttlcache.Miss:
+        pass
+    return await database_sync_to_async(prepare)(api_key, data)
 
 
 def list_models() -> list[dict[str, Any]]:
