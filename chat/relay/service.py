@@ -21,7 +21,7 @@ import logging
 import re
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -514,7 +514,7 @@ async def relay_stream(
     response: httpx.Response,
     outcome: Outcome,
     done: asyncio.Future[None] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The upstream's SSE bytes for the client; the outcome is recorded however it ends."""
     scanner = StreamScanner(capture_text=bool(prep.session_key))
     idle = settings.LYCEUM_RELAY_IDLE_TIMEOUT
@@ -694,26 +694,35 @@ def finish(prep: Prepared, outcome: Outcome) -> UsageRecord:
 
 
 async def authenticated(raw_key: str) -> ApiKey:
-    """The key from memory in the event loop when held, else from the database thread."""
-    from channels.db import database_sync_to_async
-
+    """The key from memory in the event loop when held, else loaded once on the database
+    thread for every request that asks for it meanwhile."""
     writer.ensure_running()
-    hit, key = ttlcache.peek(("key", hash_key(raw_key)))
-    if hit:
-        return _key_or_error(key)
-    return await database_sync_to_async(authenticate)(raw_key)
+    name = ("key", hash_key(raw_key))
+    hit, key = ttlcache.peek(name)
+    if not hit:
+        if settings.LYCEUM_RELAY_CACHE_SECONDS <= 0:
+            from channels.db import database_sync_to_async
+
+            return await database_sync_to_async(authenticate)(raw_key)
+        key = await ttlcache.fill(name, lambda: authenticate_api_key(raw_key))
+    return _key_or_error(key)
 
 
 async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     """:func:`prepare` in the event loop when everything it reads is in memory and the
-    limits are in Redis; on the database thread otherwise (a miss, limits in the database)."""
+    limits are in Redis; what is missing is loaded once on the database thread (however
+    many requests miss it together) and the request tried again. The limits in the
+    database, or a budget to seed: the whole of it on the database thread."""
     from channels.db import database_sync_to_async
 
-    try:
-        with ttlcache.offline():
-            return prepare(api_key, dict(data))  # prepare pops the relay's own fields
-    except ttlcache.Miss:
-        pass
+    for _ in range(6):  # agent, models, pool, limits: each filled at most once
+        try:
+            with ttlcache.offline():
+                return prepare(api_key, dict(data))  # prepare pops the relay's own fields
+        except ttlcache.Miss as miss:
+            if miss.load is None:
+                break
+            await ttlcache.fill(miss.key, miss.load)
     return await database_sync_to_async(prepare)(api_key, data)
 
 

@@ -9,6 +9,7 @@ cached.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import time
@@ -23,7 +24,30 @@ _offline: contextvars.ContextVar[bool] = contextvars.ContextVar("relay_offline",
 
 
 class Miss(Exception):
-    """Not in memory, and ``offline()`` forbids loading it here."""
+    """Not in memory, and ``offline()`` forbids loading it here.
+
+    ``key`` and ``load`` (when known) let the caller :func:`fill` it and try again.
+    """
+
+    def __init__(self, key: Hashable, load: Callable[[], Any] | None = None) -> None:
+        super().__init__(key)
+        self.key, self.load = key, load
+
+
+_filling: dict[Hashable, asyncio.Future[Any]] = {}
+
+
+async def fill(key: Hashable, load: Callable[[], Any]) -> Any:
+    """``cached(key, load)`` on the database thread, once however many requests ask at once
+    (a burst after the entry expired makes one database trip, not one per request)."""
+    from channels.db import database_sync_to_async
+
+    running = _filling.get(key)
+    if running is None:
+        running = asyncio.ensure_future(database_sync_to_async(cached)(key, load))
+        _filling[key] = running
+        running.add_done_callback(lambda _done: _filling.pop(key, None))
+    return await asyncio.shield(running)
 
 
 @contextlib.contextmanager
@@ -53,14 +77,14 @@ def cached(key: Hashable, load: Callable[[], T]) -> T:
     ttl = settings.LYCEUM_RELAY_CACHE_SECONDS
     if ttl <= 0:
         if _offline.get():
-            raise Miss(key)
+            raise Miss(key)  # nothing kept: nothing to fill
         return load()
     now = time.monotonic()
     hit = _store.get(key)
     if hit is not None and hit[0] > now:
         return hit[1]  # type: ignore[no-any-return]
     if _offline.get():
-        raise Miss(key)
+        raise Miss(key, load)
     value = load()
     if len(_store) > 10_000:
         _store.clear()
