@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import logging
 import re
@@ -524,8 +525,11 @@ async def relay_stream(
     if paced:  # one read per interval carries every token that arrived meanwhile
         network.pace_reads(interval)
     reads = response.aiter_raw().__aiter__()
+    h11 = _h11_of(response)
     outcome.http_status = 200
     tail = b""
+    held: list[bytes] = []  # complete lines kept while the next event is already here
+    held_size = 0
     try:
         while not scanner.done:
             try:
@@ -535,9 +539,15 @@ async def relay_stream(
                 break
             out = scanner.feed(data)
             if out:
+                held.append(out)
+                held_size += len(out)
+                if held_size < HOLD_BYTES and _next_is_here(network, h11):
+                    continue  # one send for every event of one read, not one per event
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - prep.started
-                yield out
+                yield b"".join(held)
+                held.clear()
+                held_size = 0
             if scanner.malformed:
                 break
         if scanner.malformed:
@@ -564,8 +574,40 @@ async def relay_stream(
             network.pace_reads(0.0)
         _stream_outcome(outcome, scanner, prep)
         background(_close_and_finish(response, prep, outcome, done))
-    if tail:
-        yield tail
+    if held or tail:
+        yield b"".join(held) + tail
+
+
+HOLD_BYTES = 64 * 1024
+
+
+def _h11_of(response: httpx.Response) -> Any:
+    """The h11 connection under an httpx response on httpcore's HTTP/1.1 (else None)."""
+    obj: Any = response.stream
+    for name in ("_stream", "_httpcore_stream", "_stream", "_connection", "_h11_state"):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj if hasattr(obj, "trailing_data") else None
+
+
+def _next_is_here(network: Any, h11: Any) -> bool:
+    """Would the next body read return at once: a whole chunk parsed and waiting in h11,
+    or bytes received and not read yet? Only then is output held back (never to wait)."""
+    if h11 is None:
+        return False
+    buffered = getattr(network, "buffered", None)
+    if buffered is not None and buffered():
+        return True
+    pending, _closed = h11.trailing_data
+    end = pending.find(b"\r\n")
+    if end < 0:
+        return False
+    try:
+        size = int(pending[:end].split(b";")[0], 16)
+    except ValueError:
+        return False
+    return len(pending) >= end + 2 + size + 2
 
 
 def _stream_outcome(outcome: Outcome, scanner: StreamScanner, prep: Prepared) -> None:
@@ -698,7 +740,7 @@ async def authenticated(raw_key: str) -> ApiKey:
     thread for every request that asks for it meanwhile."""
     writer.ensure_running()
     name = ("key", hash_key(raw_key))
-    hit, key = ttlcache.peek(name)
+    hit, key = ttlcache.peek(name, lambda: authenticate_api_key(raw_key))
     if not hit:
         if settings.LYCEUM_RELAY_CACHE_SECONDS <= 0:
             from channels.db import database_sync_to_async
@@ -706,6 +748,23 @@ async def authenticated(raw_key: str) -> ApiKey:
             return await database_sync_to_async(authenticate)(raw_key)
         key = await ttlcache.fill(name, lambda: authenticate_api_key(raw_key))
     return _key_or_error(key)
+
+
+def _warm(api_key: ApiKey, data: dict[str, Any], miss: ttlcache.Miss) -> bool:
+    """Load into the caches what :func:`prepare` reads (sync, the database thread)."""
+    assert miss.load is not None
+    cached(miss.key, miss.load)
+    try:
+        agent_id, model = data.get("agent_id"), data.get("model")
+        if isinstance(agent_id, str) and agent_id:
+            agent = cached(("agent", agent_id), Agent.objects.filter(slug=agent_id).first)
+            model = model or (agent.default_model if agent else None)
+        if isinstance(model, str) and model:
+            pool.pool_of(find_model(model).provider_name)
+        cached(("limits", api_key.pk), lambda: limits.policies_for(api_key.user, api_key))
+    except Exception:  # noqa: BLE001 - prepare itself answers what is wrong
+        logger.debug("warming the relay's caches failed", exc_info=True)
+    return True
 
 
 async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
@@ -722,7 +781,8 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
         except ttlcache.Miss as miss:
             if miss.load is None:
                 break
-            await ttlcache.fill(miss.key, miss.load)
+            # Everything prepare reads, loaded in one trip (entries expire together).
+            await ttlcache.fill(("warm", miss.key), functools.partial(_warm, api_key, data, miss))
     return await database_sync_to_async(prepare)(api_key, data)
 
 
