@@ -575,6 +575,8 @@ async def relay_stream(
         _stream_outcome(outcome, scanner, prep)
         background(_close_and_finish(response, prep, outcome, done))
     if held or tail:
+        if held and outcome.ttft is None:
+            outcome.ttft = time.monotonic() - prep.started
         yield b"".join(held) + tail
 
 
@@ -600,6 +602,8 @@ def _next_is_here(network: Any, h11: Any) -> bool:
     if buffered is not None and buffered():
         return True
     pending, _closed = h11.trailing_data
+    if pending.startswith(b"\r\n"):  # the end of the chunk just read (h11 drops it next)
+        pending = pending[2:]
     end = pending.find(b"\r\n")
     if end < 0:
         return False
