@@ -245,7 +245,8 @@ def main() -> None:
     print(f"relay limits in {'Redis' if args.redis else 'the database (SQLite)'}")
     daphne, relay_port = start_daphne(env, args.nodelay)
     print(
-        f"Daphne {'with TCP_NODELAY (bench/daphne_nodelay.py)' if args.nodelay else 'as shipped'}"
+        f"Daphne {'via bench/daphne_nodelay.py' if args.nodelay else 'as shipped'}"
+        " (TCP_NODELAY: chatsite/nodelay.py, installed by chatsite/asgi.py)"
     )
     targets = {
         "direct": (fake_port, "/v1/chat/completions", "fake-model", None),

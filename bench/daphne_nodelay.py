@@ -1,33 +1,24 @@
-"""Daphne with TCP_NODELAY on every accepted connection (Twisted leaves Nagle on).
+"""Daphne with TCP_NODELAY on every accepted connection.
+
+The app sets it itself now (``chatsite/nodelay.py``, installed by ``chatsite/asgi.py``);
+this launcher stays so that ``bench_relay.py --nodelay`` keeps working, and installs it
+before the app is imported.
 
 Run: ``python bench/daphne_nodelay.py -b 127.0.0.1 -p 8000 chatsite.asgi:application``
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
+from pathlib import Path
 
-from daphne.cli import CommandLineInterface
-from daphne.http_protocol import HTTPFactory
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-_build = HTTPFactory.buildProtocol
+from daphne.cli import CommandLineInterface  # noqa: E402
 
+from chatsite.nodelay import install  # noqa: E402
 
-def _build_nodelay(self, addr):  # type: ignore[no-untyped-def]
-    protocol = _build(self, addr)
-    made = protocol.connectionMade
-
-    def connection_made() -> None:
-        made()
-        with contextlib.suppress(Exception):  # a UNIX socket has no Nagle
-            protocol.transport.setTcpNoDelay(True)
-
-    protocol.connectionMade = connection_made
-    return protocol
-
-
-HTTPFactory.buildProtocol = _build_nodelay  # type: ignore[method-assign]
+install()
 
 if __name__ == "__main__":
     CommandLineInterface().run(sys.argv[1:])

@@ -8,15 +8,28 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 # Django must be set up before anything imports models (consumers, routing).
 django_asgi_app = get_asgi_application()
 
+from chatsite.nodelay import install as install_nodelay  # noqa: E402
+
+install_nodelay()
+
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from chat.relay import asgi as relay_asgi  # noqa: E402
 from chatsite.origins import ExactOriginValidator  # noqa: E402
 from chatsite.routing import channel_routes, websocket_urlpatterns  # noqa: E402
 
+
+async def http_app(scope, receive, send):  # type: ignore[no-untyped-def]
+    """The relay's two routes as raw ASGI (chat/relay/asgi.py), everything else Django."""
+    if relay_asgi.handles(scope["path"]):
+        return await relay_asgi.app(scope, receive, send)
+    return await django_asgi_app(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": http_app,
         # The full scheme://host:port of the page, compared exactly (chatsite/origins.py).
         "websocket": ExactOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
         "channel": ChannelNameRouter(channel_routes),

@@ -186,6 +186,10 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         if not interval:
             self._hold_back(False)
 
+    def buffered(self) -> int:
+        """Bytes received and not read yet (the next read returns without waiting)."""
+        return int(self._protocol.size)
+
     def _hold_back(self, hold: bool) -> None:
         protocol = self._protocol
         if protocol.pace_paused != hold:

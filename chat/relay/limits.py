@@ -32,6 +32,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q, Sum
 
 from chat.models import RelayLimit, UsageCounter, UsageRecord
+from chat.relay import ttlcache
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ def admit(policies: list[Policy], cost: int, *, take: bool = True, hold: bool = 
     if settings.REDIS_URL:
         _redis_admit(policies, period, cost, take, hold)
     else:
+        if ttlcache.is_offline():  # the database's counters: only on the database thread
+            raise ttlcache.Miss("limits")
         _db_admit(policies, period, cost, take, hold)
     return Admission(policies, period, cost if hold else 0)
 
@@ -125,6 +128,21 @@ def settle(admission: Admission, used: int) -> None:
         return
     admission.settled = True
     _change(admission.policies, admission.period, used=used, held=-admission.held)
+
+
+def settle_many(settled: list[tuple[Admission, int]]) -> None:
+    """:func:`settle` for many requests: one counter change per scope and period."""
+    totals: dict[tuple[Policy, str], list[int]] = {}
+    for admission, used in settled:
+        if admission.settled:
+            continue
+        admission.settled = True
+        for policy in admission.policies:
+            total = totals.setdefault((policy, admission.period), [0, 0])
+            total[0] += used
+            total[1] -= admission.held
+    for (policy, period), (used, held) in totals.items():
+        _change([policy], period, used=used, held=held)
 
 
 def add_used(policies: list[Policy], used: int) -> None:
@@ -298,6 +316,8 @@ def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hol
         if int(result[0]) == 0:
             reason = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
             raise _refusal(reason, float(result[2]))
+        if ttlcache.is_offline():  # seeding reads the records: the database thread's work
+            raise ttlcache.Miss("budget")
         policy = policies[int(result[1]) - 1]  # a budget not in Redis yet: seed it from records
         key = _budget_key(policy.scope, period)
         client.hsetnx(key, "used", used_in_period(policy.scope, period))

@@ -46,13 +46,24 @@ _turns: dict[str, itertools.count[int]] = {}
 _cooling: dict[tuple[str, int | None], float] = {}  # (provider, key id) -> monotonic end
 
 
+Pooled = tuple[str, str, list[PoolKey]]  # provider name, base URL, keys
+
+
+def pool_of(provider_name: str) -> Pooled:
+    """The provider's pool, read at most once per cache time (takes no turn)."""
+    return cached(("pool", provider_name), lambda: _load(provider_name))
+
+
 def upstream_for(provider_name: str) -> Upstream:
-    """The provider's keys in the order to try (its pool read at most once per cache time)."""
-    name, base_url, keys = cached(("pool", provider_name), lambda: _load(provider_name))
-    return _ordered(name, base_url, keys)
+    """The provider's keys in the order to try (takes the next turn of the round robin)."""
+    return ordered(pool_of(provider_name))
 
 
-def _load(provider_name: str) -> tuple[str, str, list[PoolKey]]:
+def ordered(pooled: Pooled) -> Upstream:
+    return _ordered(*pooled)
+
+
+def _load(provider_name: str) -> Pooled:
     if provider_name == ENV_PROVIDER:
         keys = [PoolKey(ENV_PROVIDER, None, settings.LYCEUM_OPENAI_API_KEY)]
         return ENV_PROVIDER, settings.LYCEUM_OPENAI_BASE_URL, keys
@@ -100,19 +111,26 @@ class KeyOutcome:
 
 
 def record_outcomes(outcomes: list[KeyOutcome]) -> None:
-    """Add each attempt to its key's record (and store cool-downs). Call from a sync thread."""
+    """Add the attempts to their keys' records (and store cool-downs): one update per key.
+
+    Call from a sync thread; ``outcomes`` may be those of many requests, oldest first.
+    """
     now = timezone.now()
+    per_key: dict[int, list[KeyOutcome]] = {}
     for outcome in outcomes:
-        if outcome.key.key_id is None:
-            continue
+        if outcome.key.key_id is not None:
+            per_key.setdefault(outcome.key.key_id, []).append(outcome)
+    for key_id, attempts in per_key.items():
+        last = attempts[-1]
+        failures = [a for a in attempts if a.failed]
         updates: dict[str, object] = {
-            "requests": F("requests") + 1,
-            "last_status": outcome.status,
+            "requests": F("requests") + len(attempts),
+            "last_status": last.status,
             "last_used_at": now,
         }
-        if outcome.failed:
-            updates["failures"] = F("failures") + 1
-            updates["last_error"] = outcome.error[:200]
-        if outcome.cooled:
+        if failures:
+            updates["failures"] = F("failures") + len(failures)
+            updates["last_error"] = failures[-1].error[:200]
+        if any(a.cooled for a in attempts):
             updates["cooldown_until"] = now + timedelta(seconds=settings.LYCEUM_RELAY_KEY_COOLDOWN)
-        ProviderKey.objects.filter(pk=outcome.key.key_id).update(**updates)
+        ProviderKey.objects.filter(pk=key_id).update(**updates)

@@ -1,31 +1,33 @@
 """The relay's work: admit a request, call the upstream with a pool key, pass its stream on.
 
-``prepare`` (sync, one trip to the database thread) authenticates, checks the body, the
-whitelist and the agent, takes the limits and picks the upstream keys. ``open_upstream``
+``prepare`` (sync) checks the body, the whitelist and the agent, picks the upstream keys
+and takes the limits: in the event loop when everything it reads is in the per-process
+caches and the limits are in Redis (``ttlcache.offline()``; the hot path), else on the
+database thread. ``open_upstream``
 sends the request, moving to the next key when one fails before its first byte.
 ``relay_stream`` passes the upstream's SSE bytes on as they come, cut only at line ends:
 each ``data:`` line is looked at (is it JSON-shaped, is it ``[DONE]``, an error, the usage
 chunk) but parsed only when it carries usage or an error, or when ``session_key`` needs the
-reply's text. ``finish`` (sync) writes the one usage record, settles the limits and stores
-the exchange.
+reply's text. ``finish`` hands the one usage record, the limits to settle, the keys' attempts and the
+exchange to store to the batch writer (``writer.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import logging
 import re
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import transaction
 
 from chat.apikeys import authenticate_api_key, hash_key
 from chat.catalog import ModelChoice, available_models
@@ -35,8 +37,9 @@ from chat.llm.openai import scrub_secret
 from chat.llm.retry import error_fields, parse_retry_after, short_detail
 from chat.llm.wire import WireError, messages_from_openai
 from chat.models import Agent, ApiKey, UsageRecord
-from chat.relay import limits, pool
+from chat.relay import limits, pool, ttlcache
 from chat.relay.ttlcache import cached
+from chat.relay.writer import Item, writer
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +140,11 @@ class Outcome:
 
 
 def authenticate(raw_key: str) -> ApiKey:
-    key = cached(("key", hash_key(raw_key)), lambda: authenticate_api_key(raw_key))
+    """The key's row (sync; inside ``ttlcache.offline()`` only from memory)."""
+    return _key_or_error(cached(("key", hash_key(raw_key)), lambda: authenticate_api_key(raw_key)))
+
+
+def _key_or_error(key: ApiKey | None) -> ApiKey:
     if key is None:
         raise RelayError(
             401,
@@ -210,8 +217,11 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     prompt_estimate = estimate_tokens(parsed)
     cost = prompt_estimate + (max_tokens or settings.LYCEUM_RELAY_RESERVE_TOKENS)
     user_text = next((m.content for m in reversed(parsed) if m.role == "user"), "")
+    # Everything read before the limits are taken: a cache miss in the event loop
+    # (ttlcache.Miss) must leave nothing taken, the database thread then does it all.
+    pooled = pool.pool_of(choice.provider_name)
+    policies = cached(("limits", api_key.pk), lambda: limits.policies_for(user, api_key))
     try:
-        policies = cached(("limits", api_key.pk), lambda: limits.policies_for(user, api_key))
         admission = limits.admit(policies, cost)
     except limits.Refused as exc:
         _record_refusal(user, api_key, model, stream, session_key, agent_id, exc)
@@ -222,11 +232,7 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             "rate_limit_exceeded" if exc.reason == "rate_limit" else "insufficient_quota",
             retry_after=exc.retry_after,
         ) from None
-    try:
-        upstream = pool.upstream_for(choice.provider_name)
-    except Exception:
-        limits.settle(admission, 0)
-        raise
+    upstream = pool.ordered(pooled)  # the round robin's turn: once per admitted request
     passed = set(settings.LYCEUM_RELAY_PASS_FIELDS)
     out = {k: v for k, v in data.items() if k in OPENAI_FIELDS or k in passed}
     out["model"] = choice.model_id
@@ -271,17 +277,21 @@ def _record_refusal(
     agent_id: str,
     exc: limits.Refused,
 ) -> None:
-    UsageRecord.objects.create(
-        user=user,
-        api_key=api_key,
-        model=model[:200],
-        stream=stream,
-        status="refused",
-        http_status=429,
-        error=exc.reason,
-        session_key=session_key,
-        agent_id=agent_id,
-        latency_ms=0,
+    writer.add(
+        Item(
+            UsageRecord(
+                user=user,
+                api_key=api_key,
+                model=model[:200],
+                stream=stream,
+                status="refused",
+                http_status=429,
+                error=exc.reason,
+                session_key=session_key,
+                agent_id=agent_id,
+                latency_ms=0,
+            )
+        )
     )
 
 
@@ -505,7 +515,7 @@ async def relay_stream(
     response: httpx.Response,
     outcome: Outcome,
     done: asyncio.Future[None] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The upstream's SSE bytes for the client; the outcome is recorded however it ends."""
     scanner = StreamScanner(capture_text=bool(prep.session_key))
     idle = settings.LYCEUM_RELAY_IDLE_TIMEOUT
@@ -515,8 +525,11 @@ async def relay_stream(
     if paced:  # one read per interval carries every token that arrived meanwhile
         network.pace_reads(interval)
     reads = response.aiter_raw().__aiter__()
+    h11 = _h11_of(response)
     outcome.http_status = 200
     tail = b""
+    held: list[bytes] = []  # complete lines kept while the next event is already here
+    held_size = 0
     try:
         while not scanner.done:
             try:
@@ -526,9 +539,15 @@ async def relay_stream(
                 break
             out = scanner.feed(data)
             if out:
+                held.append(out)
+                held_size += len(out)
+                if held_size < HOLD_BYTES and _next_is_here(network, h11):
+                    continue  # one send for every event of one read, not one per event
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - prep.started
-                yield out
+                yield b"".join(held)
+                held.clear()
+                held_size = 0
             if scanner.malformed:
                 break
         if scanner.malformed:
@@ -555,8 +574,44 @@ async def relay_stream(
             network.pace_reads(0.0)
         _stream_outcome(outcome, scanner, prep)
         background(_close_and_finish(response, prep, outcome, done))
-    if tail:
-        yield tail
+    if held or tail:
+        if held and outcome.ttft is None:
+            outcome.ttft = time.monotonic() - prep.started
+        yield b"".join(held) + tail
+
+
+HOLD_BYTES = 64 * 1024
+
+
+def _h11_of(response: httpx.Response) -> Any:
+    """The h11 connection under an httpx response on httpcore's HTTP/1.1 (else None)."""
+    obj: Any = response.stream
+    for name in ("_stream", "_httpcore_stream", "_stream", "_connection", "_h11_state"):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj if hasattr(obj, "trailing_data") else None
+
+
+def _next_is_here(network: Any, h11: Any) -> bool:
+    """Would the next body read return at once: a whole chunk parsed and waiting in h11,
+    or bytes received and not read yet? Only then is output held back (never to wait)."""
+    if h11 is None:
+        return False
+    buffered = getattr(network, "buffered", None)
+    if buffered is not None and buffered():
+        return True
+    pending, _closed = h11.trailing_data
+    if pending.startswith(b"\r\n"):  # the end of the chunk just read (h11 drops it next)
+        pending = pending[2:]
+    end = pending.find(b"\r\n")
+    if end < 0:
+        return False
+    try:
+        size = int(pending[:end].split(b";")[0], 16)
+    except ValueError:
+        return False
+    return len(pending) >= end + 2 + size + 2
 
 
 def _stream_outcome(outcome: Outcome, scanner: StreamScanner, prep: Prepared) -> None:
@@ -593,14 +648,12 @@ def background(coro: Any) -> None:
 async def _close_and_finish(
     response: httpx.Response, prep: Prepared, outcome: Outcome, done: asyncio.Future[None] | None
 ) -> None:
-    from channels.db import database_sync_to_async
-
     try:
         await response.aclose()
     except Exception:  # noqa: BLE001 - the upstream is gone either way
         logger.debug("closing the upstream response failed", exc_info=True)
     try:
-        await database_sync_to_async(finish)(prep, outcome)
+        finish(prep, outcome)
     finally:
         if done is not None and not done.done():
             done.set_result(None)
@@ -649,42 +702,92 @@ async def relay_once(prep: Prepared, response: httpx.Response, outcome: Outcome)
 
 
 def finish(prep: Prepared, outcome: Outcome) -> UsageRecord:
-    """The usage record, the settled limits, the key records and the stored exchange."""
-    from chat import actions
-
+    """The usage record (unsaved), handed to the writer with the limits to settle, the key
+    records and the exchange to store; they are written with the next batch."""
     estimated = not outcome.usage_seen
     prompt = prep.prompt_estimate if estimated else outcome.prompt_tokens
     completion = outcome.completion_estimate if estimated else outcome.completion_tokens
     latency = time.monotonic() - prep.started
-    with transaction.atomic():
-        record = UsageRecord.objects.create(
-            user=prep.user,
-            api_key=prep.api_key,
-            model=prep.choice.alias,
-            provider=prep.choice.provider_name,
-            provider_key_id=outcome.key.key_id if outcome.key else None,
-            stream=prep.stream,
-            status=outcome.status,
-            http_status=outcome.http_status,
-            error=outcome.error[:200],
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            estimated=estimated,
-            latency_ms=int(latency * 1000),
-            ttft_ms=None if outcome.ttft is None else int(outcome.ttft * 1000),
-            session_key=prep.session_key,
-            agent_id=prep.agent_id,
-        )
-        limits.settle(prep.admission, prompt + completion)
-        pool.record_outcomes(outcome.attempts)
+    record = UsageRecord(
+        user=prep.user,
+        api_key=prep.api_key,
+        model=prep.choice.alias,
+        provider=prep.choice.provider_name,
+        provider_key_id=outcome.key.key_id if outcome.key else None,
+        stream=prep.stream,
+        status=outcome.status,
+        http_status=outcome.http_status,
+        error=outcome.error[:200],
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        estimated=estimated,
+        latency_ms=int(latency * 1000),
+        ttft_ms=None if outcome.ttft is None else int(outcome.ttft * 1000),
+        session_key=prep.session_key,
+        agent_id=prep.agent_id,
+    )
+    exchange = None
     if prep.session_key and outcome.status == "ok":
-        try:
-            actions.record_relay_exchange(
-                prep.user, prep.session_key, prep.user_text, outcome.reply_text, prep.choice.alias
-            )
-        except Exception:
-            logger.exception("storing the relay exchange of a session_key failed")
+        exchange = (
+            prep.user,
+            prep.session_key,
+            prep.user_text,
+            outcome.reply_text,
+            prep.choice.alias,
+        )
+    writer.add(Item(record, prep.admission, prompt + completion, list(outcome.attempts), exchange))
     return record
+
+
+async def authenticated(raw_key: str) -> ApiKey:
+    """The key from memory in the event loop when held, else loaded once on the database
+    thread for every request that asks for it meanwhile."""
+    writer.ensure_running()
+    name = ("key", hash_key(raw_key))
+    hit, key = ttlcache.peek(name, lambda: authenticate_api_key(raw_key))
+    if not hit:
+        if settings.LYCEUM_RELAY_CACHE_SECONDS <= 0:
+            from channels.db import database_sync_to_async
+
+            return await database_sync_to_async(authenticate)(raw_key)
+        key = await ttlcache.fill(name, lambda: authenticate_api_key(raw_key))
+    return _key_or_error(key)
+
+
+def _warm(api_key: ApiKey, data: dict[str, Any], miss: ttlcache.Miss) -> bool:
+    """Load into the caches what :func:`prepare` reads (sync, the database thread)."""
+    assert miss.load is not None
+    cached(miss.key, miss.load)
+    try:
+        agent_id, model = data.get("agent_id"), data.get("model")
+        if isinstance(agent_id, str) and agent_id:
+            agent = cached(("agent", agent_id), Agent.objects.filter(slug=agent_id).first)
+            model = model or (agent.default_model if agent else None)
+        if isinstance(model, str) and model:
+            pool.pool_of(find_model(model).provider_name)
+        cached(("limits", api_key.pk), lambda: limits.policies_for(api_key.user, api_key))
+    except Exception:  # noqa: BLE001 - prepare itself answers what is wrong
+        logger.debug("warming the relay's caches failed", exc_info=True)
+    return True
+
+
+async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
+    """:func:`prepare` in the event loop when everything it reads is in memory and the
+    limits are in Redis; what is missing is loaded once on the database thread (however
+    many requests miss it together) and the request tried again. The limits in the
+    database, or a budget to seed: the whole of it on the database thread."""
+    from channels.db import database_sync_to_async
+
+    for _ in range(6):  # agent, models, pool, limits: each filled at most once
+        try:
+            with ttlcache.offline():
+                return prepare(api_key, dict(data))  # prepare pops the relay's own fields
+        except ttlcache.Miss as miss:
+            if miss.load is None:
+                break
+            # Everything prepare reads, loaded in one trip (entries expire together).
+            await ttlcache.fill(("warm", miss.key), functools.partial(_warm, api_key, data, miss))
+    return await database_sync_to_async(prepare)(api_key, data)
 
 
 def list_models() -> list[dict[str, Any]]:

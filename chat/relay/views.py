@@ -54,7 +54,7 @@ def relay_view(*, method: str) -> Callable[[View], View]:
                     return response
                 scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
                 raw = raw.strip() if scheme.lower() == "bearer" else ""
-                request.relay_key = await database_sync_to_async(service.authenticate)(raw)  # type: ignore[attr-defined]
+                request.relay_key = await service.authenticated(raw)  # type: ignore[attr-defined]
                 return await view(request, *args, **kwargs)
             except RelayError as exc:
                 return error_response(exc)
@@ -79,7 +79,7 @@ def _body(request: HttpRequest) -> bytes:
 @relay_view(method="POST")
 async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     data = service.parse_body(_body(request))
-    prep = await database_sync_to_async(service.prepare)(request.relay_key, data)  # type: ignore[attr-defined]
+    prep = await service.prepared(request.relay_key, data)  # type: ignore[attr-defined]
     outcome = service.Outcome()
     try:
         upstream = await service.open_upstream(prep, outcome)
@@ -88,7 +88,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
             outcome.http_status, outcome.error = exc.status, exc.message
         elif isinstance(exc, asyncio.CancelledError):
             outcome.status, outcome.error = "cancelled", "the client disconnected"
-        service.background(database_sync_to_async(service.finish)(prep, outcome))
+        service.finish(prep, outcome)
         raise
     if prep.stream:
         response = StreamingHttpResponse(
@@ -103,7 +103,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
         outcome.http_status, outcome.error = exc.status, exc.message
         raise
     finally:
-        service.background(database_sync_to_async(service.finish)(prep, outcome))
+        service.finish(prep, outcome)
     return HttpResponse(raw, content_type="application/json")
 
 

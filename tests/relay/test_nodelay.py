@@ -1,0 +1,29 @@
+"""Daphne's accepted connections have TCP_NODELAY on (the app installs it, not a launcher)."""
+
+from __future__ import annotations
+
+import socket
+from unittest import mock
+
+
+def test_an_accepted_connection_has_nagle_off():
+    from daphne.http_protocol import HTTPFactory
+    from twisted.internet import reactor, tcp
+
+    import chatsite.asgi  # noqa: F401 - installs chatsite.nodelay
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    conn, addr = listener.accept()
+    try:
+        assert not conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        protocol = HTTPFactory(mock.Mock()).buildProtocol(addr)
+        transport = tcp.Server(conn, protocol, addr, mock.Mock(), 1, reactor)
+        protocol.makeConnection(transport)
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        transport.stopReading()
+        transport.stopWriting()
+    finally:
+        client.close()
+        conn.close()
+        listener.close()
