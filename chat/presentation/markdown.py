@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import re
 import threading
+import time
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -158,9 +159,9 @@ def remember_rendered(text: str, html: str) -> None:
 # The work one streamed reply may cost (see StreamingMarkdown): past either bound, the
 # block being written is shown as plain text until the reply is written (then rendered whole).
 STREAM_TAIL_CHARS = 6000  # a last block longer than this is not re-rendered per snapshot
-# Characters re-parsed for one stream's snapshots, in all. Counted, not timed, so the
-# page shows the same thing however busy the machine is.
-STREAM_RENDER_CHARS = 80_000
+# CPU time of one stream's re-renders, in all: the thread's own CPU time, not the clock,
+# so a busy machine (another process running) does not change what the page shows.
+STREAM_RENDER_CPU_SECONDS = 1.0
 
 
 def _plain_html(text: str) -> str:
@@ -184,12 +185,12 @@ class StreamingMarkdown:
     The work is bounded: pathological input (``[a](`` repeated, with no blank line)
     keeps one block growing, and re-parsing it costs more with every snapshot (15 s of
     CPU for 8 KB in 20-character pieces). A last block longer than ``STREAM_TAIL_CHARS``,
-    or a stream whose renders have re-parsed ``STREAM_RENDER_CHARS`` in all, is shown as
+    or a stream whose renders have cost ``STREAM_RENDER_CPU_SECONDS`` of CPU, is shown as
     escaped plain text from then on; the written message is rendered once, whole.
     """
 
     def __init__(self) -> None:
-        self._parsed = 0  # characters re-parsed for this stream's snapshots
+        self._cpu = 0.0  # CPU seconds this stream's re-renders have cost
         self.plain = False  # over budget: the rest of this stream as plain text
         self.last_plain = False  # the last render showed its last block as plain text
         self._stable_source = ""
@@ -212,12 +213,14 @@ class StreamingMarkdown:
         if self.last_plain:
             self._insert_at = None
             return self._stable_html + _plain_html(tail)
-        self._parsed += len(tail)
-        if self._parsed > STREAM_RENDER_CHARS:
-            self.plain = self.last_plain = True
-            self._insert_at = None  # no more appending words to rendered HTML either
-            return self._stable_html + _plain_html(tail)
-        return self._render_tail(tail)
+        started = time.thread_time()
+        try:
+            return self._render_tail(tail)
+        finally:
+            self._cpu += time.thread_time() - started
+            if self._cpu > STREAM_RENDER_CPU_SECONDS:
+                self.plain = True
+                self._insert_at = None  # no more appending words to rendered HTML either
 
     def _render_tail(self, tail: str) -> str:
         md = _markdown()
@@ -328,8 +331,9 @@ def _last_final_boundary(tokens, source: str) -> int:
     That is the last top-level block with a blank line before it: text appended to the
     source can turn its last block into something else (a paragraph growing into a
     lazy continuation of the list item above it, say), but never across a blank line.
-    Except after a list or an indented code block, which go on across blank lines (a
-    later item makes a tight list loose): a block after one of those is not final.
+    Except into a list: a block after a list whose first line may still become a list
+    marker ("1" growing into "1. one") would join it as a new item and make the whole
+    list loose, so it is not final yet.
     0 when there is no such block.
     """
     lines = source.split("\n")
@@ -337,17 +341,18 @@ def _last_final_boundary(tokens, source: str) -> int:
         i for i, t in enumerate(tokens) if t.level == 0 and t.nesting >= 0 and t.map is not None
     ]
     for position in range(len(openers) - 1, 0, -1):
-        token = tokens[openers[position]]
-        start = token.map[0]
-        before = tokens[openers[position - 1]].type
-        if before in _CONTINUED_ACROSS_BLANKS:
+        start = tokens[openers[position]].map[0]
+        if start == 0 or lines[start - 1].strip():
             continue
-        if start > 0 and not lines[start - 1].strip():
-            return openers[position]
+        after_list = tokens[openers[position - 1]].type in ("bullet_list_open", "ordered_list_open")
+        if after_list and _MAY_BECOME_A_MARKER.fullmatch(lines[start]):
+            continue
+        return openers[position]
     return 0
 
 
-_CONTINUED_ACROSS_BLANKS = {"bullet_list_open", "ordered_list_open", "code_block"}
+# A first line that is still (only) the start of a list marker: digits, or a bullet alone.
+_MAY_BECOME_A_MARKER = re.compile(r" {0,3}(?:\d{1,9}|[-+*])?")
 
 
 def _line_offset(text: str, line: int) -> int:
