@@ -263,6 +263,8 @@ LYCEUM_APPROVAL_TIMEOUT = env_float("LYCEUM_APPROVAL_TIMEOUT", 900.0, minimum=1)
 LYCEUM_TOOL_TIMEOUT = env_float("LYCEUM_TOOL_TIMEOUT", 30.0, minimum=0.1)
 LYCEUM_DEMO_TOKEN_DELAY = env_float("LYCEUM_DEMO_TOKEN_DELAY", 0.03, minimum=0)
 LYCEUM_STREAM_PUSH_INTERVAL = env_float("LYCEUM_STREAM_PUSH_INTERVAL", 0.1, minimum=0)
+# After a chat's first reply, a short call to its model names the chat (chat/runhost/titles.py).
+LYCEUM_GENERATE_TITLES = env_bool("LYCEUM_GENERATE_TITLES", True)
 LYCEUM_CHECKPOINT_INTERVAL = env_float("LYCEUM_CHECKPOINT_INTERVAL", 1.0, minimum=0.05)
 LYCEUM_MAX_FRAME_BYTES = env_int("LYCEUM_MAX_FRAME_BYTES", 64 * 1024, minimum=1024)
 LYCEUM_HOOKS = env_list("LYCEUM_HOOKS")

@@ -134,11 +134,18 @@ class DjangoRunHost:
 
     def _append_events(self, batch: list[tuple[ev.RunEvent, dict[str, Any]]]) -> dict[str, Any]:
         with transaction.atomic():
-            rows = store.append_display(self.chat_id, [payload for _event, payload in batch])
-            iterations = [e.iteration for e, _p in batch if isinstance(e, ev.IterationStart)]
-            if iterations:
-                Run.objects.filter(pk=self.run.pk).update(iteration=iterations[-1])
+            rows = self._write_event_rows(batch)
         return events_doorbell(self.chat_id, rows)
+
+    def _write_event_rows(self, batch: list[tuple[ev.RunEvent, dict[str, Any]]]) -> list:
+        """Append a batch of events (inside a transaction); the rows written."""
+        if not batch:
+            return []
+        rows = store.append_display(self.chat_id, [payload for _event, payload in batch])
+        iterations = [e.iteration for e, _p in batch if isinstance(e, ev.IterationStart)]
+        if iterations:
+            Run.objects.filter(pk=self.run.pk).update(iteration=iterations[-1])
+        return rows
 
     def take_new_display(self, *, remember_html: bool = False) -> list[ChatMessage]:
         """Display messages not yet written, stamped with this run and its stream round.
@@ -191,16 +198,31 @@ class DjangoRunHost:
             self.channels.push_both(message)
 
     async def commit(self) -> None:
-        await self.write_events()
+        # The events emitted so far go first, in the same transaction and doorbell as the
+        # messages: one trip to the database thread a reply, not two.
+        if self._events_due is not None:
+            self._events_due.cancel()
+            self._events_due = None
+        batch, self._unwritten = self._unwritten, []
         new_display = self.take_new_display(remember_html=True)
-        doorbell = await database_sync_to_async(self._commit)(new_display)
+        try:
+            doorbell = await database_sync_to_async(self._commit)(new_display, batch)
+        except BaseException:
+            self._unwritten[:0] = batch
+            raise
         if doorbell:
             await aring(self.chat_id, doorbell)
 
-    def _commit(self, new_display: list[ChatMessage]) -> dict[str, Any] | None:
+    def _commit(
+        self,
+        new_display: list[ChatMessage],
+        batch: list[tuple[ev.RunEvent, dict[str, Any]]] | None = None,
+    ) -> dict[str, Any] | None:
         with transaction.atomic():
-            rows = store.append_display_messages(self.chat_id, new_display)
-            rows += self._keep_code_blocks(new_display, rows)
+            rows = self._write_event_rows(batch or [])
+            written = store.append_display_messages(self.chat_id, new_display)
+            rows += written
+            rows += self._keep_code_blocks(new_display, written)
             self.persisted = store.persist_context(
                 self.chat_id, self.channels.context, self.persisted
             )

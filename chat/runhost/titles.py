@@ -123,7 +123,7 @@ def title_soon(chat_id, provider: LLMProvider, model_id: str) -> None:
     ``LYCEUM_GENERATE_TITLES = False`` turns it off (the test suite does, so a test that
     counts a model's requests counts the chat's own).
     """
-    if not getattr(settings, "LYCEUM_GENERATE_TITLES", True):
+    if not settings.LYCEUM_GENERATE_TITLES:
         return
 
     async def quietly() -> None:
