@@ -83,6 +83,8 @@ class DjangoRunHost:
         self.markdown = StreamingMarkdown()
         self.voices = Voices.from_names(run.speakers)
         self.voice_markdown: list[StreamingMarkdown] = []
+        self.voice_html: list[tuple[str, str]] = []  # per reply: (its text, its HTML)
+        self.voice_splitter: VoiceSplitter | None = None
         self._push_due: asyncio.TimerHandle | _PushAfterCurrent | None = None
         self._unwritten: list[tuple[ev.RunEvent, dict[str, Any]]] = []
         self._events_due: asyncio.TimerHandle | None = None
@@ -170,7 +172,7 @@ class DjangoRunHost:
             self.round += 1
             self.partial = ("", "")  # written: a reconnecting page must not see it twice
             self.markdown = StreamingMarkdown()
-            self.voice_markdown = []
+            self.voice_markdown, self.voice_html, self.voice_splitter = [], [], None
             self.stop_pushing()
         return new_display
 
@@ -308,17 +310,27 @@ class DjangoRunHost:
         )
 
     def _voices_html(self, text: str) -> list[tuple[str, str]]:
-        """Each speaker's reply so far, rendered (one streaming renderer per reply)."""
+        """Each speaker's reply so far, rendered.
+
+        The reply only grows at its end: the splitter is fed what was added since the
+        last push, and only a reply whose text changed is rendered again (by its own
+        streaming renderer); the others keep their HTML.
+        """
         assert self.voices is not None
-        splitter = VoiceSplitter(self.voices)
-        splitter.feed(text)
-        replies = splitter.replies()
-        while len(self.voice_markdown) < len(replies):
-            self.voice_markdown.append(StreamingMarkdown())
-        return [
-            (speaker, self.voice_markdown[index].render(said) if said else "")
-            for index, (speaker, said) in enumerate(replies)
-        ]
+        if self.voice_splitter is None or not text.startswith(self.voice_splitter.raw):
+            self.voice_splitter = VoiceSplitter(self.voices)  # not a continuation
+            self.voice_markdown, self.voice_html = [], []
+        self.voice_splitter.feed(text[len(self.voice_splitter.raw) :])
+        out = []
+        for index, (speaker, said) in enumerate(self.voice_splitter.replies()):
+            if index == len(self.voice_markdown):
+                self.voice_markdown.append(StreamingMarkdown())
+                self.voice_html.append(("", ""))
+            if self.voice_html[index][0] != said:
+                html = self.voice_markdown[index].render(said) if said else ""
+                self.voice_html[index] = (said, html)
+            out.append((speaker, self.voice_html[index][1]))
+        return out
 
     async def take_queued(self) -> list[QueuedText]:
         return await database_sync_to_async(self._take_queued)()
