@@ -741,7 +741,9 @@ def finish(prep: Prepared, outcome: Outcome) -> UsageRecord:
 
 async def authenticated(raw_key: str) -> ApiKey:
     """The key from memory in the event loop when held, else loaded once on the database
-    thread for every request that asks for it meanwhile."""
+    thread for every request that asks for it meanwhile. No key, no lookup."""
+    if not raw_key:
+        return _key_or_error(None)
     writer.ensure_running()
     name = ("key", hash_key(raw_key))
     hit, key = ttlcache.peek(name, lambda: authenticate_api_key(raw_key))
