@@ -131,11 +131,26 @@ async def _hand_to_workers(run_id: str, resume: bool) -> None:
 def start_local(run_id: str, *, resume: bool = False) -> asyncio.Task:
     task = _tasks.get(run_id)
     if task and not task.done():
+        if resume and run_id not in _resume_after:
+            # The leg that suspended for an approval may still be finishing (its record is
+            # written, its task not yet done) when the answer comes: the next leg starts
+            # once it is done. A leg still running finds the run claimed and does nothing.
+            _resume_after.add(run_id)
+            task.add_done_callback(lambda _t: _resume_next_leg(run_id))
         return task
     task = _background(execute_run(run_id, resume=resume))
     _tasks[run_id] = task
     task.add_done_callback(lambda _t: _tasks.pop(run_id, None))
     return task
+
+
+_resume_after: set[str] = set()
+
+
+def _resume_next_leg(run_id: str) -> None:
+    _resume_after.discard(run_id)
+    if not asyncio.get_event_loop().is_closed():
+        start_local(run_id, resume=True)
 
 
 def _background(coro) -> asyncio.Task:
@@ -170,6 +185,7 @@ async def stop_all() -> None:
     await keeper().stop()
     await close_providers()
     _tasks.clear()
+    _resume_after.clear()
     _hosts.clear()
 
 
