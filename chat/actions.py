@@ -449,7 +449,7 @@ def _check_budget(chat: ChatSession) -> None:
     from chat.relay import limits
 
     try:
-        limits.check_run(chat.owner)
+        limits.check_run(chat.owner_id)
     except limits.Refused as exc:
         raise ActionError(exc.message, "over_budget") from None
 

@@ -83,6 +83,17 @@ def network_guard():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_limit_cache():
+    """Limits and keys kept in memory (chat/relay/ttlcache.py) do not outlive a test: the
+    next test's rows may reuse the same primary keys."""
+    from chat.relay import ttlcache
+
+    ttlcache.clear()
+    yield
+    ttlcache.clear()
+
+
+@pytest.fixture(autouse=True)
 def _no_network_attempts(network_guard):
     """Fails a test whose code tried to leave the machine, even if it caught the error."""
     netguard.take_violations()

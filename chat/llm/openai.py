@@ -281,16 +281,15 @@ class OpenAIProvider:
                     decoder.done = True
                 else:
                     reads = response.aiter_bytes()
-                    deadline: float | None = first_byte_deadline
-                    while not decoder.done:
-                        data = await self._read_some(reads, deadline)
-                        deadline = None
-                        events = sse.feed(data) if data else sse.close()
-                        for chunk_dict in decoder.decode(events):
-                            for chunk in accumulator.add(chunk_dict):
-                                yield chunk
-                        if not data:
-                            break
+                    with ReadWatch(first_byte_deadline, self.idle_timeout) as watch:
+                        while not decoder.done:
+                            data = await self._read_some(watch, reads)
+                            events = sse.feed(data) if data else sse.close()
+                            for chunk_dict in decoder.decode(events):
+                                for chunk in accumulator.add(chunk_dict):
+                                    yield chunk
+                            if not data:
+                                break
                     if data:
                         await _drain_after_done(reads)
         except httpx.HTTPError as exc:
@@ -298,16 +297,12 @@ class OpenAIProvider:
         # The upstream response is closed before the caller sees the end of the reply.
         yield accumulator.finish(saw_done=decoder.done)
 
-    async def _read_some(self, reads: AsyncIterator[bytes], deadline: float | None) -> bytes:
+    async def _read_some(self, watch: ReadWatch, reads: AsyncIterator[bytes]) -> bytes:
         """Next bytes of the body (b"" at the end), within the first-byte or idle deadline."""
         try:
-            if deadline is not None:
-                async with asyncio.timeout_at(deadline):
-                    return await anext(reads, b"")
-            async with asyncio.timeout(self.idle_timeout):
-                return await anext(reads, b"")
+            return await watch.read(reads)
         except TimeoutError:
-            if deadline is not None:
+            if not watch.started:
                 raise self._first_byte_timeout_error() from None
             raise ProviderError(
                 ErrorCategory.TIMED_OUT,
@@ -480,6 +475,68 @@ class OpenAIProvider:
             retry_after=error.retry_after,
             streamed=streamed or error.streamed,
         )
+
+
+class ReadWatch:
+    """The first-byte and idle deadlines of one streamed body, kept by one timer.
+
+    A stream reads once per token or so; an ``asyncio.timeout`` around each read (a
+    context, a timer handle scheduled and cancelled) cost more than the read's own
+    parsing. Here a read only notes when it started; one timer per stream wakes at the
+    deadline and, if the read that was pending then is still pending, cancels it, which
+    :meth:`read` turns into ``TimeoutError`` (as ``asyncio.timeout`` does). Time spent
+    outside a read (the caller handling what it got) never counts.
+    """
+
+    def __init__(self, first_byte_deadline: float, idle_timeout: float) -> None:
+        self._first_byte_deadline = first_byte_deadline
+        self._idle = idle_timeout
+        self.started = False  # some bytes came
+        self._reading_since: float | None = None
+        self._fired = False
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> ReadWatch:
+        self._task = asyncio.current_task()
+        self._timer = self._loop.call_at(self._first_byte_deadline, self._check)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    async def read(self, reads: AsyncIterator[bytes]) -> bytes:
+        self._reading_since = self._loop.time()
+        try:
+            data = await anext(reads, b"")
+        except asyncio.CancelledError:
+            if self._fired and self._task is not None and self._task.uncancel() == 0:
+                self._fired = False
+                raise TimeoutError from None
+            raise
+        finally:
+            self._reading_since = None
+        if not self.started:  # from now on the idle deadline, not the first byte's
+            self.started = True
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(self._loop.time() + self._idle, self._check)
+        return data
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self._reading_since
+        if since is None:  # between reads: look again one idle period on
+            due = now + self._idle
+        else:
+            due = since + self._idle if self.started else self._first_byte_deadline
+            if now >= due and self._task is not None:
+                self._fired = True
+                self._task.cancel()
+                return
+        self._timer = self._loop.call_at(due, self._check)
 
 
 async def _drain_after_done(reads: AsyncIterator[bytes]) -> None:

@@ -74,6 +74,19 @@ def policies_for(user: Any, api_key: Any = None) -> list[Policy]:
     return policies
 
 
+def user_policy(user_id: Any) -> Policy:
+    """The user's own limits (no API key's), kept a few seconds like the relay's.
+
+    Every chat send and run end asks for it; a changed limit takes effect within
+    ``LYCEUM_RELAY_CACHE_SECONDS``, as in the relay.
+    """
+
+    def load() -> Policy:
+        return _policy(f"user:{user_id}", RelayLimit.objects.filter(user_id=user_id).first())
+
+    return ttlcache.cached(("user-policy", user_id), load)
+
+
 def _policy(scope: str, row: RelayLimit | None) -> Policy:
     def pick(name: str, default: int) -> int:
         value = getattr(row, name, None) if row is not None else None
@@ -151,9 +164,9 @@ def add_used(policies: list[Policy], used: int) -> None:
         _change(policies, period_of(), used=used, held=0)
 
 
-def check_run(user: Any) -> None:
+def check_run(user_id: Any) -> None:
     """Refuse a chat run when the user's budget is spent (the bucket is the relay's alone)."""
-    policy = policies_for(user)[0]
+    policy = user_policy(user_id)
     if policy.monthly_tokens:
         admit([policy], 1, take=False, hold=False)
 
