@@ -18,7 +18,7 @@ from chat.presentation.markdown import render_markdown_uncached
 from chat.roles import is_teacher
 from chat.runhost import transitions
 from chat.views import _stream_html, page_of_items
-from classroom import actions, exports, wall
+from classroom import actions, exports, panels, wall
 from classroom.access import (
     ClassAction,
     access_classroom,
@@ -36,7 +36,6 @@ from classroom.models import (
     Scene,
     TeacherView,
 )
-from classroom.prompt import cast_of
 
 
 def _may_create(user) -> bool:
@@ -340,11 +339,7 @@ def class_chat(request: HttpRequest, classroom_id: int) -> HttpResponse:
         {
             "classroom": classroom,
             "chat": chat,
-            "scene": classroom.current_scene,
-            "scene_html": render_markdown_uncached(classroom.current_scene.content)
-            if classroom.current_scene and classroom.current_scene.content
-            else "",
-            "cast": cast_of(classroom),
+            **panels.side_context(classroom),
             "page": page,
             "last_seq": chat.last_display_seq,
             "live_run": live,
