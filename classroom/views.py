@@ -9,6 +9,7 @@ from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from chat.access import ChatAction, can_access_chat
@@ -25,6 +26,7 @@ from classroom.access import (
     access_persona,
     access_scene,
     classrooms_of,
+    owns,
     teaches,
 )
 from classroom.models import (
@@ -87,6 +89,8 @@ def class_detail(request: HttpRequest, classroom_id: int) -> HttpResponse:
             "models": available_models(),
             "join_url": request.build_absolute_uri(f"/classes/join/{classroom.join_code}/"),
             "role_choices": Persona.Role.choices,
+            "is_owner": owns(request.user, classroom),
+            "co_teachers": list(classroom.co_teachers.order_by("username")),
         },
     )
 
@@ -148,6 +152,27 @@ def class_remove_student(request: HttpRequest, classroom_id: int, enrollment_id:
         success="Removed {result} from the class.",
     )
     return _back(classroom_id, "roster")
+
+
+@require_POST
+def class_co_teacher_add(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    added = _do(request, actions.add_co_teacher, classroom_id, request.POST.get("who", ""))
+    if added is not None:
+        messages.success(
+            request,
+            _("%(name)s now co-teaches this class.") % {"name": added.get_username()},
+        )
+    return _back(classroom_id, "co-teachers")
+
+
+@require_POST
+def class_co_teacher_remove(request: HttpRequest, classroom_id: int, user_id: int):
+    removed = _do(request, actions.remove_co_teacher, classroom_id, user_id)
+    if removed is not None:
+        messages.success(
+            request, _("%(name)s no longer co-teaches this class.") % {"name": removed}
+        )
+    return _back(classroom_id, "co-teachers")
 
 
 # --- joining -------------------------------------------------------------------------------------

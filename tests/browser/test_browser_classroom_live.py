@@ -65,3 +65,64 @@ def test_the_students_scene_panel_follows_the_teacher_live(
     expect(cast).to_contain_text("Zed")
     expect(cast.locator('[data-persona="Zed"]')).to_have_css("color", "rgb(255, 0, 0)")
     assert student.evaluate("performance.getEntriesByType('navigation').length") == 1
+
+
+def test_the_owner_adds_a_co_teacher_who_opens_the_class_and_its_wall(
+    serve,  # noqa: F811 - the fixture of test_browser_chat
+    browser,
+    make_user,
+):
+    tess = make_user("tess", teacher=True)
+    cora = make_user("cora", teacher=True)
+    cora.email = "cora@school.example"
+    cora.save()
+    sam = make_user("sam")
+    room = actions.create_classroom(tess, title="Fractions", model="demo-fast")
+    actions.save_scene(tess, room.pk, title="Adding fractions", content="# Add")
+    actions.join_classroom(sam, room.join_code)
+    actions.open_class_chat(sam, room.pk)
+    base = serve()
+
+    owner = browser.new_context().new_page()
+    owner.set_default_timeout(WAIT_MS)
+    login(owner, base, "tess")
+    owner.get_by_role("link", name="Classes").click()
+    owner.get_by_role("link", name="Fractions").click()
+    section = owner.get_by_role("region", name="Co-teachers")
+    expect(section).to_contain_text("No co-teachers.")
+    section.get_by_role("textbox", name="Username or email").fill("nobody")
+    section.get_by_role("button", name="Add co-teacher").click()
+    expect(owner.get_by_role("status")).to_contain_text(
+        "No teacher has the username or email “nobody”."
+    )
+    section.get_by_role("textbox", name="Username or email").fill("cora@school.example")
+    section.get_by_role("button", name="Add co-teacher").click()
+    expect(owner.get_by_role("status")).to_contain_text("cora now co-teaches this class.")
+    expect(section.get_by_role("list", name="Co-teachers")).to_contain_text("cora")
+
+    co = browser.new_context().new_page()
+    co.set_default_timeout(WAIT_MS)
+    login(co, base, "cora")
+    co.get_by_role("link", name="Classes").click()
+    classes = co.get_by_role("list", name="Classes you teach")
+    expect(classes).to_contain_text("co-teacher with tess")
+    classes.get_by_role("link", name="Fractions").click()
+    expect(co.get_by_role("heading", name="Fractions", level=1)).to_be_visible()
+    expect(co.get_by_role("list", name="Scenes")).to_contain_text("Adding fractions")
+    co_section = co.get_by_role("region", name="Co-teachers")
+    expect(co_section).to_contain_text("cora")
+    expect(co_section.get_by_role("button", name="Add co-teacher")).to_have_count(0)
+    expect(co.get_by_role("button", name="Archive class")).to_have_count(0)
+    co.get_by_role("link", name="Live wall").click()
+    wall = co.get_by_role("region", name="Class wall")
+    expect(wall.get_by_role("article", name="sam", exact=True)).to_contain_text(
+        "Scene 1: Adding fractions"
+    )
+    wait_socket_open(co)
+
+    # The owner takes the co-teacher off the class: the wall is theirs no longer.
+    section = owner.get_by_role("region", name="Co-teachers")
+    section.get_by_role("button", name="Remove co-teacher cora").click()
+    expect(owner.get_by_role("status")).to_contain_text("cora no longer co-teaches this class.")
+    co.reload()
+    expect(co.get_by_role("region", name="Class wall")).to_have_count(0)

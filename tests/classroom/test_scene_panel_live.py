@@ -60,9 +60,7 @@ def test_the_marker_fragments_carry_the_new_scene_and_the_cast(world):
 def test_the_cast_pushed_is_the_cast_as_it_is_now(world):
     teacher, room = world["teacher"], world["room"]
     maya = room.personas.get(name="Maya")
-    actions.save_persona(
-        teacher, room.pk, maya.pk, name="Mira", role="student", colour="#ff0000"
-    )
+    actions.save_persona(teacher, room.pk, maya.pk, name="Mira", role="student", colour="#ff0000")
     chat = world["chats"][0]
     before = chat.last_display_seq
     actions.set_current_scene(teacher, room.pk, world["scenes"][1].pk)
@@ -76,9 +74,7 @@ async def test_every_open_student_page_gets_the_new_scene_live(world):
         await connected(student, chat.pk, resync=chat.last_display_seq)
         for student, chat in zip(world["students"], world["chats"], strict=True)
     ]
-    await adb(actions.set_current_scene)(
-        world["teacher"], world["room"].pk, world["scenes"][1].pk
-    )
+    await adb(actions.set_current_scene)(world["teacher"], world["room"].pk, world["scenes"][1].pk)
     for socket in sockets:
         frame = await socket.until_frame(lambda f: 'id="scene-panel"' in f)
         assert "Scene 2: Subtracting" in frame
@@ -89,9 +85,7 @@ async def test_every_open_student_page_gets_the_new_scene_live(world):
 async def test_a_page_resyncing_after_the_move_gets_the_new_scene(world):
     chat = world["chats"][0]
     before = chat.last_display_seq
-    await adb(actions.set_current_scene)(
-        world["teacher"], world["room"].pk, world["scenes"][1].pk
-    )
+    await adb(actions.set_current_scene)(world["teacher"], world["room"].pk, world["scenes"][1].pk)
     socket = await connected(world["students"][0], chat.pk, resync=before)
     frame = await socket.until_frame(lambda f: 'id="scene-panel"' in f)
     assert "Take away" in _panel_of(frame)
