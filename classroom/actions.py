@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
@@ -186,11 +187,21 @@ def update_classroom(user, classroom_id, *, title: str, subject: str, model: str
     return classroom
 
 
-def regenerate_join_code(user, classroom_id) -> str:
-    """A new join code; the old one stops working at once."""
+# How long a regenerated code may work (days; None: until regenerated again).
+JOIN_CODE_VALIDITY_DAYS = (None, 1, 7, 30)
+
+
+def regenerate_join_code(user, classroom_id, valid_for_days: int | None = None) -> str:
+    """A new join code; the old one stops working at once. With ``valid_for_days`` the
+    new one expires then too (a code copied off a board does not work for ever)."""
     classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    if valid_for_days not in JOIN_CODE_VALIDITY_DAYS:
+        raise ActionError(_("Choose how long the code stays valid."), "bad_request")
     classroom.join_code = _unused_code()
-    classroom.save(update_fields=["join_code"])
+    classroom.join_code_expires_at = (
+        timezone.now() + timedelta(days=valid_for_days) if valid_for_days else None
+    )
+    classroom.save(update_fields=["join_code", "join_code_expires_at"])
     return classroom.join_code
 
 
@@ -272,6 +283,11 @@ def join_classroom(user, code: str) -> Classroom:
     classroom = Classroom.objects.filter(join_code=code).first()
     if classroom is None or classroom.archived_at is not None:
         raise wrong
+    expires = classroom.join_code_expires_at
+    if expires is not None and expires <= timezone.now() and not classroom.is_teacher(user):
+        raise ActionError(
+            _("That join code has expired. Ask your teacher for a new one."), "expired_code"
+        )
     if classroom.is_teacher(user):
         return classroom  # a teacher of the class has it already
     try:

@@ -9,6 +9,7 @@ from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -90,6 +91,9 @@ def class_detail(request: HttpRequest, classroom_id: int) -> HttpResponse:
             "join_url": request.build_absolute_uri(f"/classes/join/{classroom.join_code}/"),
             "role_choices": Persona.Role.choices,
             "is_owner": owns(request.user, classroom),
+            "code_expired": classroom.join_code_expires_at is not None
+            and classroom.join_code_expires_at <= timezone.now(),
+            "validity_days": [d for d in actions.JOIN_CODE_VALIDITY_DAYS if d],
             "co_teachers": list(classroom.co_teachers.order_by("username")),
         },
     )
@@ -138,7 +142,18 @@ def class_archive(request: HttpRequest, classroom_id: int) -> HttpResponse:
 
 @require_POST
 def class_code(request: HttpRequest, classroom_id: int) -> HttpResponse:
-    _do(request, actions.regenerate_join_code, classroom_id, success="New join code: {result}.")
+    raw = request.POST.get("valid_for", "")
+    try:
+        valid_for = int(raw) if raw else None
+    except ValueError:
+        valid_for = -1  # the action refuses it with a message
+    _do(
+        request,
+        actions.regenerate_join_code,
+        classroom_id,
+        valid_for,
+        success="New join code: {result}.",
+    )
     return _back(classroom_id, "roster")
 
 
