@@ -8,6 +8,8 @@ Rendering uses the same partials as the full page.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
@@ -21,7 +23,34 @@ from chat.presentation import display
 from chat.presentation.markdown import render_markdown_uncached
 from chat.store import StoredEvent
 
+logger = logging.getLogger(__name__)
+
 TERMINAL = {"complete", "cancelled", "error"}
+
+# Another app's out-of-band fragments for display events of a kind (the classroom's
+# scene panel and cast, pushed with a scene marker), registered in its ``ready()``:
+# chat never imports those apps. Called with the chat's id and the batch's last event
+# of the kind; it renders the state as it is now, so a resync from the log shows it too.
+EventFragment = Callable[[str, StoredEvent], str]
+_event_fragments: dict[str, EventFragment] = {}
+
+
+def register_event_fragment(kind: str, render: EventFragment) -> None:
+    _event_fragments[kind] = render
+
+
+def _registered_fragments(events: list[StoredEvent], chat_id: str) -> list[str]:
+    last: dict[str, StoredEvent] = {}
+    for event in events:
+        if event.kind in _event_fragments:
+            last[event.kind] = event
+    parts = []
+    for kind, event in last.items():
+        try:
+            parts.append(_event_fragments[kind](chat_id, event))
+        except Exception:  # noqa: BLE001 - another app's panel must not stop the chat's push
+            logger.warning("%s fragment for chat %s failed", kind, chat_id, exc_info=True)
+    return parts
 
 
 def _oob(template: str, **context: Any) -> str:
@@ -204,6 +233,8 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
         parts.append(controls(busy, chat_id))
     if any(_changes_artifacts(event) for event in events):
         parts.append(artifacts_panel(chat_id))
+    if _event_fragments:
+        parts.extend(_registered_fragments(events, chat_id))
     if events:
         parts.append(seq_marker(events[-1].seq))
     return "".join(parts)

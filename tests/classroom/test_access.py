@@ -66,6 +66,8 @@ def teacher_urls(w) -> list[tuple[str, str]]:
         ("post", f"/classes/{c}/code/"),
         ("post", f"/classes/{c}/archive/"),
         ("post", f"/classes/{c}/roster/{e}/remove/"),
+        ("post", f"/classes/{c}/co-teachers/add/"),
+        ("post", f"/classes/{c}/co-teachers/{w['other_teacher'].pk}/remove/"),
     ]
 
 
