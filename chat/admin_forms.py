@@ -9,7 +9,7 @@ never in clear, and the next submit uses it unless another key is typed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from django import forms
@@ -244,7 +244,8 @@ class ProviderForm(ScopedKeyFormMixin, forms.ModelForm):
         return clean_base_url(self.cleaned_data.get("base_url", ""))
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         new_key = data.get("api_key") or ""
         no_key = bool(data.get("no_key"))
         stored = self._stored_key()
@@ -303,7 +304,8 @@ class ProviderKeyForm(ScopedKeyFormMixin, forms.ModelForm):
         self._setup_keys(bool(self.instance.pk and self.instance.secret))
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if not data.get("secret") and not self.instance.pk and "secret" not in self.errors:
             self.add_error("secret", _("Enter the key."))
         return data
@@ -337,7 +339,9 @@ def policy_field_name(tool: str) -> str:
 
 
 def _policy_field(tool: str, default: ApprovalPolicy) -> forms.ChoiceField:
-    choices = [("", _("Default: %(policy)s") % {"policy": POLICY_WORDS[default]})]
+    choices: list[tuple[str, Any]] = [
+        ("", _("Default: %(policy)s") % {"policy": POLICY_WORDS[default]})
+    ]
     choices += [(policy.value, words) for policy, words in POLICY_WORDS.items()]
     return forms.ChoiceField(
         label=tool,
@@ -418,17 +422,16 @@ class AgentFormBase(forms.ModelForm):
         stored_tools = [t for t in (self.instance.tools or []) if isinstance(t, str)]
         # A tool the registry no longer has is listed, not silently dropped on save.
         unknown = [t for t in stored_tools if t not in tools]
-        self.fields["tools"].choices = [(t, t) for t in tools] + [
+        cast(forms.ChoiceField, self.fields["tools"]).choices = [(t, t) for t in tools] + [
             (t, _("%(tool)s (not a known tool)") % {"tool": t}) for t in unknown
         ]
         aliases = [c.alias for c in catalog.available_models()]
         current = self.instance.default_model
-        gone = [(current, _("%(alias)s (not available now)") % {"alias": current})]
-        self.fields["default_model"].choices = (
-            [("", _("The site's default"))]
-            + [(a, a) for a in aliases]
-            + (gone if current and current not in aliases else [])
-        )
+        models: list[tuple[str, Any]] = [("", _("The site's default"))]
+        models += [(a, a) for a in aliases]
+        if current and current not in aliases:
+            models.append((current, _("%(alias)s (not available now)") % {"alias": current}))
+        cast(forms.ChoiceField, self.fields["default_model"]).choices = models
         if self.instance.pk:
             self.initial["tools"] = stored_tools
             self.initial["personas"] = "\n".join(
