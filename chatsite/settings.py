@@ -253,6 +253,8 @@ LYCEUM_CONNECT_TIMEOUT = env_float("LYCEUM_CONNECT_TIMEOUT", 10.0, minimum=0.01)
 LYCEUM_FIRST_BYTE_TIMEOUT = env_float("LYCEUM_FIRST_BYTE_TIMEOUT", 60.0, minimum=0.01)
 LYCEUM_IDLE_TIMEOUT = env_float("LYCEUM_IDLE_TIMEOUT", 60.0, minimum=0.01)
 LYCEUM_MAX_RETRIES = env_int("LYCEUM_MAX_RETRIES", 3, minimum=0)
+# The admin's Test connection and Fetch models: one wait this long at most, no retries.
+LYCEUM_PROVIDER_CHECK_TIMEOUT = env_float("LYCEUM_PROVIDER_CHECK_TIMEOUT", 5.0, minimum=0.01)
 # Base of the exponential backoff between retries (seconds; a Retry-After header wins).
 LYCEUM_RETRY_BACKOFF = env_float("LYCEUM_RETRY_BACKOFF", 1.0, minimum=0)
 LYCEUM_RUN_GUARD_SECONDS = env_float("LYCEUM_RUN_GUARD_SECONDS", 300.0, minimum=1)

@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import json
 import random
 import re
+import socket
 import ssl
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -107,17 +109,47 @@ def scrub_secret(text: str, secret: str, min_run: int = 8) -> str:
     return "".join(out)
 
 
+def _network_reason(exc: BaseException) -> str:
+    """The operating system's reason under an httpx failure, in plain words ("" if none)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for candidate in (current, *current.args):
+            if isinstance(candidate, socket.gaierror):
+                return "the host name could not be resolved"
+            if isinstance(candidate, ssl.SSLError):
+                return "the TLS handshake failed"
+            if isinstance(candidate, OSError) and candidate.errno in _ERRNO_REASONS:
+                return _ERRNO_REASONS[candidate.errno]
+        current = current.__cause__ or current.__context__
+    return ""
+
+
+_ERRNO_REASONS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ECONNRESET: "connection reset",
+    errno.EHOSTUNREACH: "no route to the host",
+    errno.ENETUNREACH: "the network is unreachable",
+    errno.ETIMEDOUT: "connection timed out",
+}
+
+
 def _transport_error(exc: Exception) -> ProviderError:
     """httpx failure → category. Never quotes httpx's text: it may carry URLs or headers."""
     kind = type(exc).__name__
+    reason = _network_reason(exc)
     if isinstance(exc, httpx.ConnectTimeout):
         return ProviderError(
             ErrorCategory.UNREACHABLE,
             f"The model provider could not be reached (connection timed out, {kind}).",
+            detail="connection timed out",
         )
     if isinstance(exc, httpx.ConnectError):
         return ProviderError(
-            ErrorCategory.UNREACHABLE, f"The model provider could not be reached ({kind})."
+            ErrorCategory.UNREACHABLE,
+            f"The model provider could not be reached ({reason or kind}).",
+            detail=reason,
         )
     if isinstance(exc, httpx.TimeoutException):
         return ProviderError(ErrorCategory.TIMED_OUT, f"{_msg(ErrorCategory.TIMED_OUT)} ({kind})")
@@ -127,7 +159,9 @@ def _transport_error(exc: Exception) -> ProviderError:
             f"The provider's base URL or settings are not valid ({kind}).",
         )
     return ProviderError(
-        ErrorCategory.UNREACHABLE, f"The connection to the model provider was lost ({kind})."
+        ErrorCategory.UNREACHABLE,
+        f"The connection to the model provider was lost ({kind}).",
+        detail=reason,
     )
 
 
@@ -474,6 +508,7 @@ class OpenAIProvider:
             status=error.status,
             retry_after=error.retry_after,
             streamed=streamed or error.streamed,
+            detail=error.detail,
         )
 
 
