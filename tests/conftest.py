@@ -73,7 +73,7 @@ def pytest_configure(config):
     settings.LYCEUM_GENERATE_TITLES = False
 
     # Tests send faster than any person and run many replies of one user at once; the
-    # per-user rates are off except in the tests of limits (tests/hardening/test_limits_*).
+    # per-user rates are off except in the tests of limits (tests/hardening/limits/).
     settings.LYCEUM_MESSAGES_PER_MINUTE = 0
     settings.LYCEUM_MAX_RUNNING_PER_USER = 0
 

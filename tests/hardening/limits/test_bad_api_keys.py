@@ -14,7 +14,6 @@ from django.test import Client
 
 from chat import apikeys, throttle
 from chat.relay import asgi as relay_asgi
-from tests.hardening.limits_helpers import clock, counters  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.persistence]
 
@@ -48,9 +47,7 @@ def api_get(key: str, address: str = "203.0.113.5", path: str = "/api/v1/models"
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_api_shuts_an_address_after_three_bad_keys(
-    alice, counters, key_limits, lookups, clock
-):
+def test_the_api_shuts_an_address_after_three_bad_keys(alice, counters, key_limits, lookups, clock):
     for n in range(3):
         response = api_get(f"{BAD}{n}")
         assert response.status_code == 401

@@ -1,4 +1,4 @@
-"""Shared by the tests of §4 (rate limits and quotas): the two counter stores and a clock."""
+"""Fixtures of the tests of §4 (rate limits and quotas): the two counter stores and a clock."""
 
 from __future__ import annotations
 

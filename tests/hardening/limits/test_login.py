@@ -16,7 +16,6 @@ from django.test import Client
 
 from chat import throttle
 from tests.conftest import PASSWORD
-from tests.hardening.limits_helpers import clock, counters  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.persistence]
 
@@ -89,9 +88,7 @@ def test_a_locked_username_costs_no_hashing_however_many_try(
 
 
 @pytest.mark.django_db
-def test_the_lockout_ends_and_the_right_password_works_again(
-    alice, counters, login_limits, clock
-):
+def test_the_lockout_ends_and_the_right_password_works_again(alice, counters, login_limits, clock):
     for _ in range(6):
         log_in("alice", "wrong")
     clock.advance(14 * 60)
@@ -153,9 +150,7 @@ def test_the_admin_sign_in_is_throttled_the_same_way(make_user, counters, login_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_forty_guesses_at_once_hash_exactly_five_passwords(
-    alice, counters, login_limits, hashing
-):
+def test_forty_guesses_at_once_hash_exactly_five_passwords(alice, counters, login_limits, hashing):
     def guess(n: int) -> int:
         try:
             return log_in("alice", f"guess-{n}", address=f"10.1.0.{n + 1}").status_code
