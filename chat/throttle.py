@@ -67,8 +67,9 @@ def request_address(request: Any) -> str:
 def scope_address(scope: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> str:
     """:func:`client_address` of a raw ASGI request."""
     client = scope.get("client") or ("", 0)
-    text = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers.items()}
-    return client_address(str(client[0] or ""), text)
+    name = settings.LYCEUM_CLIENT_ADDRESS_HEADER
+    value = headers.get(name.lower().encode("latin-1"), b"").decode("latin-1") if name else ""
+    return client_address(str(client[0] or ""), {name: value} if name else {})
 
 
 def _scope(kind: str, value: str) -> str:

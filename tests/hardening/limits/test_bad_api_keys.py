@@ -159,3 +159,12 @@ def test_thirty_bad_keys_at_once_let_exactly_the_allowed_three_through(counters,
         answers = list(pool.map(one, range(30)))
 
     assert answers.count(True) == 3
+
+
+def test_the_relays_asgi_door_reads_the_address_like_django_does(settings):
+    scope = {"client": ("10.0.0.1", 5555)}
+    headers = {b"x-forwarded-for": b"6.6.6.6, 192.0.2.8"}
+    settings.LYCEUM_CLIENT_ADDRESS_HEADER = ""
+    assert throttle.scope_address(scope, headers) == "10.0.0.1"
+    settings.LYCEUM_CLIENT_ADDRESS_HEADER = "X-Forwarded-For"
+    assert throttle.scope_address(scope, headers) == "192.0.2.8"
