@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -21,7 +22,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from chat import artifacts, store
+from chat import apikeys, artifacts, quotas, store
 from chat.access import ChatAction, access_chat
 from chat.catalog import UnknownModel, available_models, default_agent, default_model
 from chat.core.artifacts import TEXT_KINDS, Kind, detect_kind, safe_filename
@@ -30,6 +31,7 @@ from chat.core.messages import ChatMessage
 from chat.live.doorbell import ring, ring_cancel
 from chat.models import (
     Agent,
+    ApiKey,
     Artifact,
     ArtifactVersion,
     ChatEvent,
@@ -51,10 +53,22 @@ MAX_MESSAGE_CHARS = 32_000
 class ActionError(Exception):
     """A user action that cannot be done, with a message for that user."""
 
-    def __init__(self, message: str, code: str = "bad_request") -> None:
+    def __init__(
+        self, message: str, code: str = "bad_request", retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.retry_after = retry_after  # seconds, for a limit that lifts by itself
+
+
+@contextmanager
+def _within_limits() -> Iterator[None]:
+    """A user's limit (chat/quotas.py) refuses the action with its own words."""
+    try:
+        yield
+    except quotas.OverLimit as exc:
+        raise ActionError(exc.message, exc.code, exc.retry_after) from None
 
 
 # --- chats ---------------------------------------------------------------------------------------
@@ -66,6 +80,8 @@ def new_chat(user, *, agent: Agent | None = None, model: str = "", title: str = 
 
 
 def _create_chat(user, *, agent: Agent | None, model: str, title: str = "") -> ChatSession:
+    with _within_limits():
+        quotas.check_new_chat(user)
     agent = agent or default_agent()
     try:
         alias = default_model(model or agent.default_model)
@@ -219,7 +235,7 @@ def send_message(
         return existing
     try:
         with transaction.atomic():
-            return _record_send(chat, text, client_id, thinking, edit_of, attachments)
+            return _record_send(user, chat, text, client_id, thinking, edit_of, attachments)
     except IntegrityError:
         # Two sends with the same client id raced; the first one won.
         won = _sent_before(chat, client_id)
@@ -264,7 +280,7 @@ def start_chat_and_send(
             if attachments:
                 raise ActionError("Attach files to an existing chat.", "bad_request")
             chat = _create_chat(user, agent=agent, model=model)
-        return _record_send(chat, text, client_id, thinking, None, attachments)
+        return _record_send(user, chat, text, client_id, thinking, None, attachments)
 
 
 def _sent_before(chat: ChatSession, client_id: str) -> SendResult | None:
@@ -275,6 +291,7 @@ def _sent_before(chat: ChatSession, client_id: str) -> SendResult | None:
 
 
 def _record_send(
+    user,
     chat: ChatSession,
     text: str,
     client_id: str,
@@ -284,6 +301,10 @@ def _record_send(
 ) -> SendResult:
     _check_budget(chat)
     live = transitions.live_run(chat, lock=True)
+    with _within_limits():
+        quotas.take_message(user)
+        if live is None:
+            quotas.check_new_run(chat.owner_id)
     attached = _attached_versions(chat, attachments or [])
     context_text, images = _with_attachments(chat, text, attached)
     entry = QueuedInput.objects.create(
@@ -439,6 +460,8 @@ def _start_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY) -> Run:
     _check_budget(chat)
     if transitions.live_run(chat, lock=True) is not None:
         raise ActionError("Wait for the current reply to finish.", "busy")
+    with _within_limits():
+        quotas.check_new_run(chat.owner_id)
     run = transitions.new_run(chat, kind=kind)
     launch_on_commit(str(run.pk))
     return run
@@ -571,6 +594,16 @@ def decide_approval(
         run_id = transitions.record_decision(approval)
         launch_on_commit(run_id, resume=True)
     return DecideResult(run_id, approval.status)
+
+
+# --- API keys ------------------------------------------------------------------------------------
+
+
+def new_api_key(user, name: str = "") -> tuple[ApiKey, str]:
+    """A new API key of ``user`` and its raw value (shown once), within their key limit."""
+    with transaction.atomic(), _within_limits():
+        quotas.check_new_api_key(user)
+        return apikeys.create_api_key(user, name)
 
 
 # --- the relay --------------------------------------------------------------------------------------

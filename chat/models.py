@@ -400,7 +400,8 @@ class RelayLimit(models.Model):
 
 
 class UsageCounter(models.Model):
-    """Admission state of one scope (a user or an API key) in one month, without Redis."""
+    """Admission state of one scope (a user, an API key, a door's bucket) in one month,
+    without Redis."""
 
     scope = models.CharField(max_length=64)
     period = models.CharField(max_length=7)  # "2026-01"
@@ -408,6 +409,7 @@ class UsageCounter(models.Model):
     reserved_tokens = models.BigIntegerField(default=0)
     bucket = models.FloatField(default=-1.0)  # requests left in the burst; -1 = full
     bucket_at = models.FloatField(default=0.0)  # Unix time of the last refill
+    locked_until = models.FloatField(default=0.0)  # Unix time a door's lockout ends
 
     class Meta:
         constraints = [

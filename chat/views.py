@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from chat import actions, artifacts, search, store
 from chat.access import ChatAction, ViewHow, access_chat, can_access_chat, note_view
-from chat.apikeys import create_api_key, revoke_api_key
+from chat.apikeys import revoke_api_key
 from chat.catalog import available_models
 from chat.models import Agent, ApiKey, ChatSession
 from chat.panels import home_panels
@@ -29,6 +29,8 @@ MAX_JUMP_ITEMS = 2_000
 EVENT_BATCH = 200
 SIDEBAR_CHATS = 100
 NEW_KEY_SESSION = "lyceum_new_api_key"
+# A refusal by one of the user's limits (chat/quotas.py): "slow down" or "you hold too many".
+LIMIT_STATUS = {"rate_limited": 429, "too_many_runs": 429, "too_many_chats": 403}
 
 
 @dataclass
@@ -127,7 +129,7 @@ def chat_start(request: HttpRequest) -> HttpResponse:
                 "chosen_model": request.POST.get("model", ""),
                 **_new_chat_options(),
             },
-            status=400,
+            status=LIMIT_STATUS.get(exc.code, 400),
         )
     return redirect("chat_detail", chat_id=result.chat_id)
 
@@ -287,7 +289,11 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             if revoke_api_key(request.user, revoke):
                 messages.success(request, "The key was revoked.")
             return redirect("api_keys")
-        _key, secret = create_api_key(request.user, request.POST.get("name", "").strip())
+        try:
+            _key, secret = actions.new_api_key(request.user, request.POST.get("name", "").strip())
+        except actions.ActionError as exc:
+            messages.error(request, exc.message)
+            return redirect("api_keys")
         # Post, redirect, get: a refresh shows the list again, never makes a second key.
         # The secret waits in the session for the one page that shows it.
         request.session[NEW_KEY_SESSION] = secret
