@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('chat', '0011_run_redispatched'),
+        ('chat', '0013_agent_tool_policies_cleaned'),
     ]
 
     operations = [
