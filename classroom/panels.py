@@ -8,6 +8,7 @@ scene; a page resyncing from the log gets them with the marker too.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
@@ -50,7 +51,7 @@ def side_context(classroom: Classroom) -> dict:
     }
 
 
-def scene_marker_fragments(chat_id: str, event: StoredEvent) -> str:
+def scene_marker_fragments(chat_id: Any, event: StoredEvent) -> str:
     """Registered with chat for ``scene`` events: the panel and the cast as they are now."""
     link = (
         ClassroomChat.objects.select_related("classroom__current_scene")

@@ -89,12 +89,13 @@ def _unchanged_since_last_check(scope: dict[str, Any], key: str, opened_as: Any)
     users = get_user_model()._meta
     sessions = Session._meta
     q = connection.ops.quote_name
+    assert users.pk is not None and sessions.db_table and users.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT s.{q('session_data')}, u.{q('password')} "
             f"FROM {q(sessions.db_table)} s, {q(users.db_table)} u "
             f"WHERE s.{q('session_key')} = %s AND s.{q('expire_date')} > %s "
-            f"AND u.{q(users.pk.column)} = %s AND u.{q('is_active')}",
+            f"AND u.{q(str(users.pk.column))} = %s AND u.{q('is_active')}",
             [key, timezone.now(), opened_as.pk],
         )
         row = cursor.fetchone()

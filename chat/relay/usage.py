@@ -23,6 +23,7 @@ def record_run_usage(run: Run, usage: Usage, status: str) -> None:
     The budget's counter is touched only when the owner has a budget; a counter created
     later is seeded from these records (``limits.used_in_period``).
     """
+    owner_id: int | None
     if Run.chat.is_cached(run):  # type: ignore[attr-defined]
         owner_id = run.chat.owner_id
     else:
