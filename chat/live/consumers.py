@@ -46,6 +46,25 @@ WRITE_ACTIONS = {
     "edit_last",
 }
 
+# Write actions whose handler makes exactly one ``_act`` call, which checks access in the
+# same trip to the database thread as the action (a send's first token waits for every
+# trip, behind every other run's). Any other action is checked before its handler runs.
+CHECKED_BY_ACT = {
+    "send",
+    "cancel",
+    "approve",
+    "always",
+    "deny",
+    "switch_model",
+    "compact",
+    "regenerate",
+    "edit_last",
+}
+
+
+class _Refused(Exception):
+    """``_act`` found the socket may no longer write to its chat."""
+
 
 def _text(frame: dict[str, Any], name: str) -> str:
     """A text field of a frame ("" when absent); any other type is refused with a message."""
@@ -122,25 +141,30 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await self._notice(f"Unknown action “{action[:40]}”.")
             return
         needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
-        if not await self._allowed(needed):
-            if self.session_ended:  # logged out, password changed, or deactivated
-                await self.close(code=self.session_ended)
-                return
-            if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
-                # A watcher (say, a teacher) keeps the live view; only the write is refused.
-                await self._notice("You can only watch this chat.")
-                return
-            await self._notice("You can no longer use this chat.")
-            await self.close(code=CLOSE_FORBIDDEN)
+        if action not in CHECKED_BY_ACT and not await self._allowed(needed):
+            await self._refuse(needed)
             return
         try:
             await handler(frame)
+        except _Refused:
+            await self._refuse(needed)
         except actions.ActionError as exc:
             await self._notice(exc.message)
         except Exception:
             # One failed action must not take the socket (and the page's live view) down.
             logger.exception("socket action %r on chat %s failed", action, self.chat_id)
             await self._notice("That did not work because of an error on the server; try again.")
+
+    async def _refuse(self, needed: ChatAction) -> None:
+        if self.session_ended:  # logged out, password changed, or deactivated
+            await self.close(code=self.session_ended)
+            return
+        if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
+            # A watcher (say, a teacher) keeps the live view; only the write is refused.
+            await self._notice("You can only watch this chat.")
+            return
+        await self._notice("You can no longer use this chat.")
+        await self.close(code=CLOSE_FORBIDDEN)
 
     async def _notice(self, message: str) -> None:
         await self.send(text_data=fragments.error_notice(message))
@@ -162,8 +186,14 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         return True
 
     async def _act(self, action, *args: Any, **kwargs: Any) -> Any:
-        """Run one action as this socket's user (as last checked), on this socket's chat."""
-        return await database_sync_to_async(action)(self.user, self.chat_id, *args, **kwargs)
+        """Check that this socket's login may still write here, then run one action as
+        its user on its chat: both in one trip to the database thread."""
+        return await database_sync_to_async(self._checked_act)(action, args, kwargs)
+
+    def _checked_act(self, action, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self._check_access(ChatAction.WRITE):
+            raise _Refused
+        return action(self.user, self.chat_id, *args, **kwargs)
 
     async def do_resync(self, frame: dict[str, Any]) -> None:
         try:
