@@ -289,3 +289,13 @@ def context_until(chat_id, seq: int) -> list[ChatMessage]:
     if reset_seq is not None:
         events = events.filter(seq__gte=reset_seq)
     return eventlog.load(events.order_by("seq").values_list("payload", flat=True)).messages
+
+
+def any_display_of(
+    chat_id, kinds: Iterable[str], after: int, before: int, path: branches.Path
+) -> bool:
+    """Whether the path has an event of ``kinds`` strictly between two seqs."""
+    rows = ChatEvent.objects.filter(
+        chat_id=chat_id, channel=DISPLAY, kind__in=list(kinds), seq__gt=after, seq__lt=before
+    )
+    return rows.filter(on_path(path)).exists()

@@ -162,6 +162,9 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             items_html.clear()
 
     ended = False  # a run ended in this batch: what it closes after does not bring it back
+    new_items = [item for event in events if (item := display.item_from_event(event))]
+    pages.mark_new_versions(chat_id, new_items, events[0].seq if events else 0)
+    made = {item.seq: item for item in new_items}
     for event in events:
         if (text := _status_for(event)) is not None and (not ended or event.kind == "run_start"):
             status = text
@@ -169,7 +172,7 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             busy, ended = True, False
         elif event.kind in TERMINAL:
             status, busy, ended = "", False, True
-        item = display.item_from_event(event)
+        item = made.get(event.seq)
         if item is not None:
             items_html.append(display.render_item(item, chat_id=chat_id))
             if _is_main_reply(event) or event.kind in TERMINAL:

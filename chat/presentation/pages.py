@@ -94,3 +94,26 @@ def message_list(chat_id, upto: int, shape: branches.Structure | None = None) ->
     page = page_of_items(chat_id, upto + 1, shape=shape)
     chat = SimpleNamespace(pk=chat_id)
     return render_to_string("chat/_message_list.html", {"page": page, "chat": chat})
+
+
+def mark_new_versions(chat_id, items: list[display.DisplayItem], first_event: int) -> None:
+    """Give items just written their switcher: the first item after the newest branch point
+    (a regenerated reply, an edited message) when nothing shown comes between them."""
+    if not items:
+        return
+    shape = store.branch_shape(chat_id)
+    groups = shape.versions()
+    if not groups:
+        return
+    group = groups[-1]
+    item = next((i for i in items if i.seq > group.base), None)
+    if item is None:
+        return
+    kinds = ["msg", *display.ITEM_KINDS]
+    if group.base + 1 < first_event and store.any_display_of(
+        chat_id, kinds, group.base, first_event, shape.path()
+    ):
+        return
+    if any(i.seq > group.base and i.seq < item.seq for i in items):
+        return
+    item.versions = group
