@@ -42,6 +42,10 @@ ITEM_KINDS = {
     "scene",
     "artifact",
 }
+# Items that can carry a switcher of versions (the first shown after a branch point), by
+# their event kind and by their item kind.
+VERSION_EVENTS = ("msg", "error", "cancelled")
+VERSION_ITEMS = {"user", "assistant_text", "tool_call_request", "error", "cancelled"}
 CALL_EVENT_KINDS = ("tool_start", "tool_end", "approval_required", "approval_decided")
 # Tools whose approval shows the file written rather than the raw arguments.
 FILE_WRITING_TOOLS = {"write_file"}

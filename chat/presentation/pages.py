@@ -19,6 +19,7 @@ from chat.core import branches
 from chat.presentation import display
 
 PAGE_ITEMS = 50
+VERSIONED = display.VERSION_ITEMS
 EVENT_BATCH = 200
 
 
@@ -83,7 +84,7 @@ def _mark_versions(
     for group in shape.versions():
         if group.base < first_event - 1 and not whole:
             continue  # the item after it may be on an older page
-        item = next((i for i in items if i.seq > group.base), None)
+        item = next((i for i in items if i.seq > group.base and i.kind in VERSIONED), None)
         if item is not None:
             item.versions = group
 
@@ -99,6 +100,7 @@ def message_list(chat_id, upto: int, shape: branches.Structure | None = None) ->
 def mark_new_versions(chat_id, items: list[display.DisplayItem], first_event: int) -> None:
     """Give items just written their switcher: the first item after the newest branch point
     (a regenerated reply, an edited message) when nothing shown comes between them."""
+    items = [i for i in items if i.kind in VERSIONED]
     if not items:
         return
     shape = store.branch_shape(chat_id)
@@ -109,9 +111,8 @@ def mark_new_versions(chat_id, items: list[display.DisplayItem], first_event: in
     item = next((i for i in items if i.seq > group.base), None)
     if item is None:
         return
-    kinds = ["msg", *display.ITEM_KINDS]
     if group.base + 1 < first_event and store.any_display_of(
-        chat_id, kinds, group.base, first_event, shape.path()
+        chat_id, display.VERSION_EVENTS, group.base, first_event, shape.path()
     ):
         return
     if any(i.seq > group.base and i.seq < item.seq for i in items):
