@@ -20,7 +20,6 @@ from chat.core import branches
 from chat.core.eventlog import load, msg_event, replay, restore_event, safe_cut
 from chat.core.messages import ChatMessage, Role, ToolCall
 
-
 # --- the reference: a message tree ---------------------------------------------------------
 
 
