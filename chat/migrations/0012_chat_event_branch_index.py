@@ -4,14 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('chat', '0011_run_redispatched'),
+        ("chat", "0011_run_redispatched"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='chatevent',
-            index=models.Index(condition=models.Q(('kind__in', ['fork', 'switch'])), fields=['chat', 'seq'], name='chat_event_branches'),
+            model_name="chatevent",
+            index=models.Index(
+                condition=models.Q(("kind__in", ["fork", "switch"])),
+                fields=["chat", "seq"],
+                name="chat_event_branches",
+            ),
         ),
     ]
