@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext
 
 from chat import apikeys, artifacts, quotas, store
 from chat.access import ChatAction, access_chat
@@ -477,44 +478,155 @@ def _check_budget(chat: ChatSession) -> None:
         raise ActionError(exc.message, "over_budget") from None
 
 
-def _last_user_index(context: list[ChatMessage]) -> int:
-    for index in range(len(context) - 1, -1, -1):
-        if context[index].role == "user":
-            return index
-    raise ActionError("There is no message to answer yet.", "empty")
+# --- versions and branches -------------------------------------------------------------------
+# Editing a message or regenerating a reply starts a branch (chat.core.branches): the log
+# keeps every version, the page and the model see the active path. A run writes to the
+# branch current when it started, so nothing branches or switches while a run is live.
+
+BUSY_BRANCHING = "Wait for the current reply to finish, or stop it, before changing versions."
 
 
-def regenerate(user, chat_id) -> str:
-    """Answer the last user message again; the earlier reply stays in the log and on screen."""
+def _lock_idle(chat: ChatSession) -> None:
+    """Hold the chat's row for the branch change; refuse while a run is live."""
+    ChatSession.objects.select_for_update().filter(pk=chat.pk).values_list("pk").first()
+    if transitions.live_run(chat, lock=True) is not None:
+        raise ActionError(gettext(BUSY_BRANCHING), "busy")
+
+
+def _path_message(chat: ChatSession, shape, seq: int) -> dict | None:
+    """The payload of message ``seq`` when it is on the active path."""
+    if not shape.path().contains(seq):
+        return None
+    return (
+        ChatEvent.objects.filter(chat=chat, channel=ChatEvent.Channel.DISPLAY, seq=seq, kind="msg")
+        .values_list("payload", flat=True)
+        .first()
+    )
+
+
+def _drop_inputs_off_path(chat: ChatSession) -> None:
+    """Messages still waiting for a run but not on the new path are not taken by one."""
+    path = store.branch_shape(chat.pk).path()
+    waiting = QueuedInput.objects.filter(chat=chat, consumed=False)
+    off = [
+        pk for pk, seq in waiting.values_list("pk", "display_seq") if not path.contains(seq or 0)
+    ]
+    if off:
+        QueuedInput.objects.filter(pk__in=off).update(consumed=True)
+
+
+def _answered_message(chat: ChatSession, shape, before: int) -> int:
+    """The user message a reply at ``before`` answers: the newest on the path before it that
+    a run took before the reply was written (else the newest, which no run took yet)."""
+    on_path = store.on_path(shape.path())
+    display = ChatEvent.objects.filter(chat=chat, channel=ChatEvent.Channel.DISPLAY, seq__lt=before)
+    users = list(
+        display.filter(on_path, kind="msg", payload__role="user")
+        .exclude(payload__has_key="sender_name")
+        .order_by("-seq")
+        .values_list("seq", flat=True)[:50]
+    )
+    if not users:
+        raise ActionError(gettext("There is no message to answer yet."), "empty")
+    taken = set(
+        display.filter(on_path, kind="input_taken", payload__input_seq__in=users).values_list(
+            "payload__input_seq", flat=True
+        )
+    )
+    return next((seq for seq in users if seq in taken), users[0])
+
+
+def _is_reply(chat: ChatSession, shape, seq: int) -> bool:
+    """Event ``seq`` is on the active path and ends a reply (a message of the assistant, or
+    how a run ended: an error, a stop)."""
+    if not shape.path().contains(seq):
+        return False
+    row = (
+        ChatEvent.objects.filter(chat=chat, channel=ChatEvent.Channel.DISPLAY, seq=seq)
+        .values_list("kind", "payload")
+        .first()
+    )
+    if row is None:
+        return False
+    kind, payload = row
+    return kind in ("error", "cancelled") or (kind == "msg" and payload.get("role") == "assistant")
+
+
+def regenerate(user, chat_id, seq: int | None = None) -> str:
+    """A new version of the reply at ``seq`` (the newest when None), in its place.
+
+    The chat forks right after the user message the reply answers; the earlier versions
+    stay in the log, one switch away.
+    """
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
-        context = store.load_context(chat.pk)
-        keep = _last_user_index(context) + 1
+        _lock_idle(chat)
+        shape = store.branch_shape(chat.pk)
+        if seq is None:
+            seq = store.last_display_seq(chat.pk) + 1
+        elif not _is_reply(chat, shape, seq):
+            raise ActionError(gettext("There is no such reply to regenerate."), "not_found")
+        answered = _answered_message(chat, shape, seq)
+        following = store.display_events_after(chat.pk, answered, 1, shape=shape)
+        if not following:
+            raise ActionError(gettext("There is no reply to regenerate yet."), "empty")
+        marker = store.context_marker(chat.pk, answered)
+        context = store.context_until(chat.pk, marker) if marker else store.load_context(chat.pk)
         run = _start_run(chat)
-        if keep < len(context):
-            store.restore_context(chat.pk, context[:keep])
-        note = ChatMessage(role="system", content="Regenerating the last reply.")
-        rows = store.append_display_messages(chat.pk, [note])
+        rows = store.fork(chat.pk, parent=shape.active, at=following[0].seq, context=context)
+        _drop_inputs_off_path(chat)
         ring(chat.pk, rows)
     return str(run.pk)
 
 
+def edit_message(user, chat_id, seq: int, text: str, client_id: str) -> SendResult:
+    """Send ``text`` in place of the message at ``seq``: the chat goes on from there on a
+    new branch; the earlier version and what followed it stay, one switch away."""
+    text = _checked_text(text)
+    client_id = _checked_client_id(client_id)
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    existing = _sent_before(chat, client_id)
+    if existing:
+        return existing
+    with transaction.atomic():
+        _lock_idle(chat)
+        shape = store.branch_shape(chat.pk)
+        payload = _path_message(chat, shape, seq)
+        if not payload or payload.get("role") != "user" or payload.get("sender_name"):
+            raise ActionError(gettext("There is no such message of yours to edit."), "not_found")
+        marker = store.context_marker(chat.pk, seq)
+        context = (
+            store.context_until(chat.pk, marker - 1) if marker else store.load_context(chat.pk)
+        )
+        ring(chat.pk, store.fork(chat.pk, parent=shape.active, at=seq, context=context))
+        _drop_inputs_off_path(chat)
+        return _record_send(chat, text, client_id, True, None)
+
+
 def edit_last_message(user, chat_id, text: str, client_id: str) -> SendResult:
-    """Replace the last user message with ``text`` and answer it; both versions stay shown."""
+    """:func:`edit_message` for the newest message of the person on the active path."""
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    shape = store.branch_shape(chat.pk)
+    last = _answered_message(chat, shape, store.last_display_seq(chat.pk) + 1)
+    return edit_message(user, chat.pk, last, text, client_id)
+
+
+def switch_version(user, chat_id, base: int, index: int) -> int:
+    """Show version ``index`` (from 0) of the messages after event ``base``, with what
+    followed it when last shown; every open page of the chat follows. Returns the branch."""
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
-        if transitions.live_run(chat, lock=True) is not None:
-            raise ActionError("Wait for the current reply to finish.", "busy")
-        context = store.load_context(chat.pk)
-        store.restore_context(chat.pk, context[: _last_user_index(context)])
-        previous = (
-            QueuedInput.objects.filter(chat=chat)
-            .order_by("-pk")
-            .values_list("display_seq", flat=True)
-            .first()
-        )
-        result = send_message(user, chat.pk, text, client_id, edit_of=previous)
-    return result
+        _lock_idle(chat)
+        shape = store.branch_shape(chat.pk)
+        target = shape.switch_target(base, index)
+        if target is None:
+            raise ActionError(gettext("There is no such version."), "not_found")
+        if target == shape.active:
+            return target
+        context = store.context_until(chat.pk, shape.left_ctx[target])
+        ring(chat.pk, store.switch_branch(chat.pk, to=target, context=context))
+        _drop_inputs_off_path(chat)
+    return target
 
 
 def request_compaction(user, chat_id) -> str:

@@ -63,6 +63,15 @@ class ChatEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["chat", "channel", "seq"], name="chat_event_seq_unique")
         ]
+        # A chat's fork and switch events are read before its display events (store.
+        # branch_shape): most chats have none, and finding that must not scan the chat.
+        indexes = [
+            models.Index(
+                fields=["chat", "seq"],
+                condition=models.Q(kind__in=["fork", "switch"]),
+                name="chat_event_branches",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.chat_id}/{self.channel}#{self.seq} {self.kind}"

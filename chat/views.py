@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
-from typing import Any
 
 from django.contrib import messages
 from django.db.models import F
@@ -21,60 +19,15 @@ from chat.apikeys import revoke_api_key
 from chat.catalog import available_models
 from chat.models import Agent, ApiKey, ChatSession
 from chat.panels import home_panels
-from chat.presentation import display, exports, fragments
+from chat.presentation import exports, fragments
+from chat.presentation.pages import PAGE_ITEMS, page_of_items
 from chat.runhost import transitions
 
-PAGE_ITEMS = 50
 MAX_JUMP_ITEMS = 2_000
-EVENT_BATCH = 200
 SIDEBAR_CHATS = 100
 NEW_KEY_SESSION = "lyceum_new_api_key"
 # A refusal by one of the user's limits (chat/quotas.py): "slow down" or "you hold too many".
 LIMIT_STATUS = {"rate_limited": 429, "too_many_runs": 429, "too_many_chats": 403}
-
-
-@dataclass
-class Page:
-    chat_id: Any
-    items: list[display.DisplayItem]
-    has_older: bool
-
-    @property
-    def first_seq(self) -> int:
-        return self.items[0].seq if self.items else 0
-
-    @property
-    def html(self) -> str:
-        """The items, each through its partial, as the live push renders them."""
-        return mark_safe(display.render_items(self.chat_id, self.items))  # noqa: S308
-
-
-def page_of_items(chat_id, before_seq: int | None = None, limit: int = PAGE_ITEMS) -> Page:
-    """The newest ``limit`` items before ``before_seq``, with their states folded in."""
-    events: list[store.StoredEvent] = []
-    cursor = before_seq
-    while True:
-        batch = store.display_events_before(chat_id, cursor, EVENT_BATCH)
-        events = batch + events
-        items = display.build_items(events)
-        if len(batch) < EVENT_BATCH or len(items) > limit:
-            break
-        cursor = batch[0].seq
-    has_older = len(items) > limit or (
-        bool(events) and events[0].seq > 1 and len(batch) == EVENT_BATCH
-    )
-    items = items[-limit:]
-    if before_seq is not None and items:
-        # An older page: statuses of its calls may have been written after it.
-        later = store.state_events_after(
-            chat_id,
-            events[-1].seq,
-            call_ids=display.call_ids(items),
-            input_seqs=[i.seq for i in items if i.queued],
-        )
-        if later:
-            items = display.build_items([e for e in events if e.seq >= items[0].seq], later)
-    return Page(chat_id, items, has_older)
 
 
 def sidebar_chats(user, query: str = ""):

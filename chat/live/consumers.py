@@ -44,6 +44,8 @@ WRITE_ACTIONS = {
     "compact",
     "regenerate",
     "edit_last",
+    "edit",
+    "switch_version",
 }
 
 # Write actions whose handler makes exactly one ``_act`` call, which checks access in the
@@ -74,6 +76,20 @@ def _text(frame: dict[str, Any], name: str) -> str:
     if not isinstance(value, str):
         raise actions.ActionError(f"“{name}” must be text.")
     return value
+
+
+def _number(frame: dict[str, Any], name: str) -> int:
+    """A whole-number field of a frame (forms send text); anything else is refused."""
+    value = frame.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise actions.ActionError(f"“{name}” must be a number.")
+    try:
+        number = int(value)
+    except ValueError:
+        raise actions.ActionError(f"“{name}” must be a number.") from None
+    if not 0 <= number < 2**53:
+        raise actions.ActionError(f"“{name}” is out of range.")
+    return number
 
 
 class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
@@ -242,7 +258,19 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self._act(actions.request_compaction)
 
     async def do_regenerate(self, frame: dict[str, Any]) -> None:
-        await self._act(actions.regenerate)
+        seq = _number(frame, "seq") if frame.get("seq") not in (None, "") else None
+        await self._act(actions.regenerate, seq)
+
+    async def do_edit(self, frame: dict[str, Any]) -> None:
+        await self._act(
+            actions.edit_message,
+            _number(frame, "seq"),
+            _text(frame, "message"),
+            _text(frame, "client_id"),
+        )
+
+    async def do_switch_version(self, frame: dict[str, Any]) -> None:
+        await self._act(actions.switch_version, _number(frame, "base"), _number(frame, "index"))
 
     async def do_edit_last(self, frame: dict[str, Any]) -> None:
         await self._act(

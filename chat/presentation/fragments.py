@@ -18,8 +18,9 @@ from django.template.loader import render_to_string
 
 from chat import artifacts, store
 from chat.catalog import available_models
+from chat.core import branches
 from chat.core.voices import Voices, VoiceSplitter
-from chat.presentation import display
+from chat.presentation import display, pages
 from chat.presentation.markdown import render_markdown_uncached
 from chat.store import StoredEvent
 
@@ -176,6 +177,9 @@ def _status_for(event: StoredEvent) -> str | None:
 
 def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
     """What to push for display events just written (oldest first)."""
+    if any(event.kind in branches.KINDS for event in events):
+        # The path changed (an edit, a regeneration, a switch of version): the whole list.
+        return pages.message_list(chat_id, events[-1].seq) + seq_marker(events[-1].seq)
     parts: list[str] = []
     items_html: list[str] = []
     status: str | None = None
@@ -187,6 +191,9 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             items_html.clear()
 
     ended = False  # a run ended in this batch: what it closes after does not bring it back
+    new_items = [item for event in events if (item := display.item_from_event(event))]
+    pages.mark_new_versions(chat_id, new_items, events[0].seq if events else 0)
+    made = {item.seq: item for item in new_items}
     for event in events:
         if (text := _status_for(event)) is not None and (not ended or event.kind == "run_start"):
             status = text
@@ -194,7 +201,7 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             busy, ended = True, False
         elif event.kind in TERMINAL:
             status, busy, ended = "", False, True
-        item = display.item_from_event(event)
+        item = made.get(event.seq)
         if item is not None:
             items_html.append(display.render_item(item, chat_id=chat_id))
             if _is_main_reply(event) or event.kind in TERMINAL:
@@ -270,5 +277,14 @@ def next_batch(chat_id: str, after_seq: int) -> tuple[list[StoredEvent], str]:
     Read and rendered in one go, so the socket makes one trip to the database thread
     per batch of a resync.
     """
-    events = store.display_events_after(chat_id, after_seq, REPLAY_BATCH)
+    shape = store.branch_shape(chat_id)
+    if shape.last_seq > after_seq:
+        # The path changed since: the page gets the list of the path now, and the cursor
+        # moves past the change (a marker event, shown as nothing).
+        upto = store.last_display_seq(chat_id)
+        page = pages.page_of_items(chat_id, upto + 1, shape=shape)
+        shown = [StoredEvent(i.seq, "msg", i.payload) for i in page.items if i.message]
+        html = pages.message_list(chat_id, upto, shape) + seq_marker(upto)
+        return [*shown, StoredEvent(upto, "path", {})], html
+    events = store.display_events_after(chat_id, after_seq, REPLAY_BATCH, shape=shape)
     return events, fragments_for_events(events, chat_id) if events else ""
