@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("chat", "0011_run_redispatched"),
+        ("chat", "0014_usagecounter_locked_until"),
     ]
 
     operations = [
