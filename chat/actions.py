@@ -600,7 +600,7 @@ def edit_message(user, chat_id, seq: int, text: str, client_id: str) -> SendResu
         )
         ring(chat.pk, store.fork(chat.pk, parent=shape.active, at=seq, context=context))
         _drop_inputs_off_path(chat)
-        return _record_send(chat, text, client_id, True, None)
+        return _record_send(user, chat, text, client_id, True, None)
 
 
 def edit_last_message(user, chat_id, text: str, client_id: str) -> SendResult:
