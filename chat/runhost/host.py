@@ -25,6 +25,7 @@ from django.utils import timezone
 from chat import artifacts, store
 from chat.agent import events as ev
 from chat.agent.loop import QueuedText
+from chat.core import eventlog
 from chat.core.channels import LiveChannels
 from chat.core.messages import ChatMessage, ToolCall, assistant
 from chat.core.voices import Voices, VoiceSplitter, split_reply
@@ -141,11 +142,20 @@ class DjangoRunHost:
             rows = self._write_event_rows(batch)
         return events_doorbell(self.chat_id, rows)
 
-    def _write_event_rows(self, batch: list[tuple[ev.RunEvent, dict[str, Any]]]) -> list:
-        """Append a batch of events (inside a transaction); the rows written."""
-        if not batch:
+    def _write_event_rows(
+        self,
+        batch: list[tuple[ev.RunEvent, dict[str, Any]]],
+        messages: list[ChatMessage] | None = None,
+    ) -> list:
+        """Append a batch of events, then ``messages`` (inside a transaction), in one
+        append (one seq reservation, one insert); the rows written."""
+        payloads = [payload for _event, payload in batch]
+        if messages:
+            stamp_ms = store.now_ms()
+            payloads += [eventlog.msg_event(m, stamp_ms) for m in messages]
+        if not payloads:
             return []
-        rows = store.append_display(self.chat_id, [payload for _event, payload in batch])
+        rows = store.append_display(self.chat_id, payloads)
         iterations = [e.iteration for e, _p in batch if isinstance(e, ev.IterationStart)]
         if iterations:
             Run.objects.filter(pk=self.run.pk).update(iteration=iterations[-1])
@@ -223,9 +233,8 @@ class DjangoRunHost:
         batch: list[tuple[ev.RunEvent, dict[str, Any]]] | None = None,
     ) -> dict[str, Any] | None:
         with transaction.atomic():
-            rows = self._write_event_rows(batch or [])
-            written = store.append_display_messages(self.chat_id, new_display)
-            rows += written
+            rows = self._write_event_rows(batch or [], new_display)
+            written = rows[len(rows) - len(new_display) :]
             rows += self._keep_code_blocks(new_display, written)
             self.persisted = store.persist_context(
                 self.chat_id, self.channels.context, self.persisted
