@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from chat import artifacts, store
 from chat.access import ChatAction, access_chat
@@ -83,7 +84,7 @@ def rename_chat(user, chat_id, title: str) -> str:
     chat = access_chat(user, chat_id, ChatAction.MANAGE)
     title = " ".join((title or "").split())[:200]
     if not title:
-        raise ActionError("A chat needs a title.", "empty")
+        raise ActionError(_("A chat needs a title."), "empty")
     with transaction.atomic():
         ring(chat.pk, _set_title(chat, title))
     return title
@@ -181,10 +182,11 @@ class SendResult:
 def _checked_text(text: str) -> str:
     text = (text or "").strip()
     if not text:
-        raise ActionError("The message is empty.", "empty")
+        raise ActionError(_("The message is empty."), "empty")
     if len(text) > MAX_MESSAGE_CHARS:
         raise ActionError(
-            f"The message is too long ({len(text)} characters; the limit is {MAX_MESSAGE_CHARS}).",
+            _("The message is too long (%(length)s characters; the limit is %(limit)s).")
+            % {"length": len(text), "limit": MAX_MESSAGE_CHARS},
             "too_long",
         )
     return text
@@ -193,7 +195,7 @@ def _checked_text(text: str) -> str:
 def _checked_client_id(client_id: str) -> str:
     client_id = (client_id or "").strip()[:64]
     if not client_id:
-        raise ActionError("The message has no client id.", "no_client_id")
+        raise ActionError(_("The message has no client id."), "no_client_id")
     return client_id
 
 
@@ -255,14 +257,14 @@ def start_chat_and_send(
     if not chat_id and agent_slug:
         agent = Agent.objects.filter(slug=agent_slug).first()
         if agent is None:
-            raise ActionError(f"No agent named {agent_slug!r}.", "not_found")
+            raise ActionError(_("No agent named '%(slug)s'.") % {"slug": agent_slug}, "not_found")
     with transaction.atomic():
         if chat_id:
             if model:
                 _switch_model(chat, model)
         else:
             if attachments:
-                raise ActionError("Attach files to an existing chat.", "bad_request")
+                raise ActionError(_("Attach files to an existing chat."), "bad_request")
             chat = _create_chat(user, agent=agent, model=model)
         return _record_send(chat, text, client_id, thinking, None, attachments)
 
@@ -345,8 +347,12 @@ def attach_file(user, chat_id, name: str, data: bytes) -> ArtifactVersion:
     allowed = settings.LYCEUM_ATTACHMENT_KINDS
     if detected.kind.value not in allowed:
         raise ActionError(
-            f"{path} is {_kind_words(detected.kind)}; files you can attach here: "
-            f"{', '.join(allowed)}.",
+            _("%(path)s is %(kind)s; files you can attach here: %(allowed)s.")
+            % {
+                "path": path,
+                "kind": _kind_words_shown(detected.kind),
+                "allowed": ", ".join(allowed),
+            },
             "refused_type",
         )
     with transaction.atomic():
@@ -363,6 +369,12 @@ def attach_file(user, chat_id, name: str, data: bytes) -> ArtifactVersion:
         return version
 
 
+def _kind_words_shown(kind: Kind) -> str:
+    """What a kind of file is called, for the person attaching it (translated)."""
+    words = {Kind.BINARY: _("a binary file"), Kind.IMAGE: _("an image"), Kind.PDF: _("a PDF")}
+    return words.get(kind) or _("a %(kind)s file") % {"kind": kind.value}
+
+
 def _kind_words(kind: Kind) -> str:
     return {Kind.BINARY: "a binary file", Kind.IMAGE: "an image", Kind.PDF: "a PDF"}.get(
         kind, f"a {kind.value} file"
@@ -374,7 +386,10 @@ def _attached_versions(chat: ChatSession, ids: list[str]) -> list[ArtifactVersio
     if not ids:
         return []
     if len(ids) > MAX_ATTACHMENTS:
-        raise ActionError(f"Attach at most {MAX_ATTACHMENTS} files to one message.", "too_many")
+        raise ActionError(
+            _("Attach at most %(count)s files to one message.") % {"count": MAX_ATTACHMENTS},
+            "too_many",
+        )
     try:
         found = {
             str(v.pk): v
@@ -385,7 +400,7 @@ def _attached_versions(chat: ChatSession, ids: list[str]) -> list[ArtifactVersio
     except ValidationError:
         found = {}
     if len(found) != len(ids):
-        raise ActionError("An attached file is gone; attach it again.", "not_found")
+        raise ActionError(_("An attached file is gone; attach it again."), "not_found")
     return [found[i] for i in ids]
 
 
@@ -404,8 +419,11 @@ def _with_attachments(
         if kind == Kind.IMAGE:
             if not _model_takes_images(chat.model):
                 raise ActionError(
-                    f"The model {chat.model} cannot read images; switch to a model that can, "
-                    f"or send the message without {path}.",
+                    _(
+                        "The model %(model)s cannot read images; switch to a model that can, "
+                        "or send the message without %(path)s."
+                    )
+                    % {"model": chat.model, "path": path},
                     "no_images",
                 )
             images.append(str(version.pk))
@@ -438,7 +456,7 @@ def _start_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY) -> Run:
     """A run for ``chat``, launched after the commit (call inside a transaction)."""
     _check_budget(chat)
     if transitions.live_run(chat, lock=True) is not None:
-        raise ActionError("Wait for the current reply to finish.", "busy")
+        raise ActionError(_("Wait for the current reply to finish."), "busy")
     run = transitions.new_run(chat, kind=kind)
     launch_on_commit(str(run.pk))
     return run
@@ -458,7 +476,7 @@ def _last_user_index(context: list[ChatMessage]) -> int:
     for index in range(len(context) - 1, -1, -1):
         if context[index].role == "user":
             return index
-    raise ActionError("There is no message to answer yet.", "empty")
+    raise ActionError(_("There is no message to answer yet."), "empty")
 
 
 def regenerate(user, chat_id) -> str:
@@ -481,7 +499,7 @@ def edit_last_message(user, chat_id, text: str, client_id: str) -> SendResult:
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
         if transitions.live_run(chat, lock=True) is not None:
-            raise ActionError("Wait for the current reply to finish.", "busy")
+            raise ActionError(_("Wait for the current reply to finish."), "busy")
         context = store.load_context(chat.pk)
         store.restore_context(chat.pk, context[: _last_user_index(context)])
         previous = (
@@ -499,7 +517,7 @@ def request_compaction(user, chat_id) -> str:
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
         if not store.load_context(chat.pk):
-            raise ActionError("There is nothing to compact yet: the chat is empty.", "empty")
+            raise ActionError(_("There is nothing to compact yet: the chat is empty."), "empty")
         run = _start_run(chat, kind=Run.Kind.COMPACT)
     return str(run.pk)
 
@@ -556,7 +574,7 @@ def decide_approval(
             .first()
         )
         if approval is None:
-            raise ActionError("There is no such tool call waiting for approval.", "not_found")
+            raise ActionError(_("There is no such tool call waiting for approval."), "not_found")
         if approval.status != ToolApproval.Status.PENDING:
             return DecideResult(None, approval.status)  # answered already: idempotent
         approval.status = ToolApproval.Status.APPROVED if approve else ToolApproval.Status.DENIED

@@ -13,6 +13,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.safestring import mark_safe
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from chat import actions, artifacts, search, store
@@ -249,7 +250,7 @@ def chat_delete(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.MANAGE)
     if request.method == "POST":
         title = actions.delete_chat(request.user, chat.pk)
-        messages.success(request, f"Deleted “{title}”.")
+        messages.success(request, _("Deleted “%(title)s”.") % {"title": title})
         return redirect("home")
     return render(request, "chat/delete.html", {"chat": chat})
 
@@ -285,7 +286,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         if revoke := request.POST.get("revoke"):
             if revoke_api_key(request.user, revoke):
-                messages.success(request, "The key was revoked.")
+                messages.success(request, _("The key was revoked."))
             return redirect("api_keys")
         _key, secret = create_api_key(request.user, request.POST.get("name", "").strip())
         # Post, redirect, get: a refresh shows the list again, never makes a second key.

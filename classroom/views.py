@@ -9,6 +9,7 @@ from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from chat.access import ChatAction, can_access_chat
@@ -67,7 +68,7 @@ def class_new(request: HttpRequest) -> HttpResponse:
         except ActionError as exc:
             messages.error(request, exc.message)
         else:
-            messages.success(request, f"Created “{classroom.title}”.")
+            messages.success(request, _("Created “%(title)s”.") % {"title": classroom.title})
             return redirect("class_detail", classroom_id=classroom.pk)
     return render(request, "classroom/new.html", {"form": form, "models": available_models()})
 
@@ -120,7 +121,7 @@ def class_settings(request: HttpRequest, classroom_id: int) -> HttpResponse:
         title=request.POST.get("title", ""),
         subject=request.POST.get("subject", ""),
         model=request.POST.get("model", ""),
-        success="Saved.",
+        success=_("Saved."),
     )
     return _back(classroom_id)
 
@@ -128,14 +129,18 @@ def class_settings(request: HttpRequest, classroom_id: int) -> HttpResponse:
 @require_POST
 def class_archive(request: HttpRequest, classroom_id: int) -> HttpResponse:
     archive = request.POST.get("archive") == "1"
-    done = "Archived: students no longer see the class." if archive else "The class is open again."
+    done = (
+        _("Archived: students no longer see the class.")
+        if archive
+        else _("The class is open again.")
+    )
     _do(request, actions.set_archived, classroom_id, archive, success=done)
     return _back(classroom_id, "settings")
 
 
 @require_POST
 def class_code(request: HttpRequest, classroom_id: int) -> HttpResponse:
-    _do(request, actions.regenerate_join_code, classroom_id, success="New join code: {result}.")
+    _do(request, actions.regenerate_join_code, classroom_id, success=_("New join code: {result}."))
     return _back(classroom_id, "roster")
 
 
@@ -146,7 +151,7 @@ def class_remove_student(request: HttpRequest, classroom_id: int, enrollment_id:
         actions.remove_student,
         classroom_id,
         enrollment_id,
-        success="Removed {result} from the class.",
+        success=_("Removed {result} from the class."),
     )
     return _back(classroom_id, "roster")
 
@@ -185,7 +190,7 @@ def scene_edit(request: HttpRequest, classroom_id: int, scene_id: int | None = N
         fields = _scene_fields(request)
         saved = _do(request, actions.save_scene, classroom.pk, scene_id, **fields)
         if saved is not None:
-            messages.success(request, f"Saved the scene “{saved.title}”.")
+            messages.success(request, _("Saved the scene “%(title)s”.") % {"title": saved.title})
             return _back(classroom.pk, "scenes")
         form = fields
     elif scene is not None:
@@ -240,14 +245,14 @@ def scene_current(request: HttpRequest, classroom_id: int, scene_id: int) -> Htt
         actions.set_current_scene,
         classroom_id,
         scene_id,
-        success="The class is now on “{result.title}”.",
+        success=_("The class is now on “{result.title}”."),
     )
     return _back(classroom_id, "scenes")
 
 
 @require_POST
 def scene_delete(request: HttpRequest, classroom_id: int, scene_id: int) -> HttpResponse:
-    _do(request, actions.delete_scene, classroom_id, scene_id, success="Deleted “{result}”.")
+    _do(request, actions.delete_scene, classroom_id, scene_id, success=_("Deleted “{result}”."))
     return _back(classroom_id, "scenes")
 
 
@@ -274,7 +279,7 @@ def persona_edit(request: HttpRequest, classroom_id: int, persona_id: int | None
         fields = _persona_fields(request)
         saved = _do(request, actions.save_persona, classroom.pk, persona_id, **fields)
         if saved is not None:
-            messages.success(request, f"Saved {saved.name}.")
+            messages.success(request, _("Saved %(name)s.") % {"name": saved.name})
             return _back(classroom.pk, "personas")
         form = fields
     elif persona is not None:
@@ -307,7 +312,7 @@ def persona_edit(request: HttpRequest, classroom_id: int, persona_id: int | None
 
 @require_POST
 def persona_delete(request: HttpRequest, classroom_id: int, persona_id: int) -> HttpResponse:
-    _do(request, actions.delete_persona, classroom_id, persona_id, success="Removed {result}.")
+    _do(request, actions.delete_persona, classroom_id, persona_id, success=_("Removed {result}."))
     return _back(classroom_id, "personas")
 
 
@@ -407,7 +412,7 @@ def class_guardrails(request: HttpRequest, classroom_id: int) -> HttpResponse:
         words=request.POST.get("words", ""),
         on_flag=request.POST.get("on_flag", OnFlag.NOTIFY),
         check_model=request.POST.get("check_model", ""),
-        success="Guardrails saved.",
+        success=_("Guardrails saved."),
     )
     return redirect("class_live", classroom_id)
 

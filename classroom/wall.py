@@ -17,6 +17,7 @@ from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils.html import escape
+from django.utils.translation import gettext as _
 
 from chat import store
 from chat.models import ChatSession, Run
@@ -60,9 +61,13 @@ def _short(text: str, limit: int = TEXT_CHARS) -> str:
 def tile_item(event: StoredEvent, student_name: str) -> TileItem | None:
     p = event.payload
     if event.kind == "scene":
-        return TileItem(event.seq, "Scene", "scene", f"Scene {p.get('number')}: {p.get('title')}")
+        text = _("Scene %(number)s: %(title)s") % {
+            "number": p.get("number"),
+            "title": p.get("title"),
+        }
+        return TileItem(event.seq, _("Scene"), "scene", text)
     if event.kind in ("cancelled", "error"):
-        what = "Stopped" if event.kind == "cancelled" else "The reply failed"
+        what = _("Stopped") if event.kind == "cancelled" else _("The reply failed")
         return TileItem(event.seq, "", "system", what)
     if event.kind != "msg":
         return None

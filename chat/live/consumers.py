@@ -17,12 +17,15 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404
+from django.utils import translation
+from django.utils.translation import gettext as _
 
 from chat import actions
 from chat.access import ChatAction, ViewHow, access_chat, note_view
 from chat.inputs import BadInput, parse_object
 from chat.live.direct import DirectDispatch
 from chat.live.doorbell import chat_group
+from chat.live.language import scope_language
 from chat.live.layers import live_layer_alias
 from chat.live.sessions import session_user, user_group
 from chat.live.subscription import ChatSubscription
@@ -53,7 +56,7 @@ def _text(frame: dict[str, Any], name: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise actions.ActionError(f"“{name}” must be text.")
+        raise actions.ActionError(_("“%(name)s” must be text.") % {"name": name})
     return value
 
 
@@ -72,6 +75,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        translation.activate(scope_language(self.scope))
         self.chat_id = str(self.scope["url_route"]["kwargs"]["chat_id"])
         if not await self._allowed(ChatAction.VIEW):
             await self.close(code=CLOSE_NOT_FOUND)
@@ -107,19 +111,21 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
         raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
         if len(raw.encode("utf-8")) > settings.LYCEUM_MAX_FRAME_BYTES:
-            await self._notice("That message is too large to send.")
+            await self._notice(_("That message is too large to send."))
             return
         try:
             # Deep nesting, NUL characters, lone surrogates, huge numbers: refused here.
             frame = parse_object(raw, finite=False)
         except BadInput as exc:
-            await self._notice(f"The page sent something unreadable: {exc.message}")
+            await self._notice(
+                _("The page sent something unreadable: %(why)s") % {"why": exc.message}
+            )
             return
         action = frame.get("action")
         action = action if isinstance(action, str) else ""
         handler = getattr(self, f"do_{action}", None) if action.isidentifier() else None
         if handler is None:
-            await self._notice(f"Unknown action “{action[:40]}”.")
+            await self._notice(_("Unknown action “%(action)s”.") % {"action": action[:40]})
             return
         needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
         if not await self._allowed(needed):
@@ -128,9 +134,9 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
                 return
             if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
                 # A watcher (say, a teacher) keeps the live view; only the write is refused.
-                await self._notice("You can only watch this chat.")
+                await self._notice(_("You can only watch this chat."))
                 return
-            await self._notice("You can no longer use this chat.")
+            await self._notice(_("You can no longer use this chat."))
             await self.close(code=CLOSE_FORBIDDEN)
             return
         try:
@@ -140,7 +146,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         except Exception:
             # One failed action must not take the socket (and the page's live view) down.
             logger.exception("socket action %r on chat %s failed", action, self.chat_id)
-            await self._notice("That did not work because of an error on the server; try again.")
+            await self._notice(_("That did not work because of an error on the server; try again."))
 
     async def _notice(self, message: str) -> None:
         await self.send(text_data=fragments.error_notice(message))
