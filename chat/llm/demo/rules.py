@@ -46,6 +46,12 @@ is not available. Special modes, chosen from the system prompt or the request:
   ``FLAG: <reason>`` when the message holds a word of ``MODERATION_DEMO_WORDS``
   ("unsafe-demo"), ``OK`` otherwise.
 
+**In Chinese** (``texts_zh``): when the chat's language is Chinese (its system prompt holds
+``chat.core.prompts.CHINESE_LINE``) or the user's last message holds Chinese characters, the
+default answer, tool calls and their results, denials, code, ``long``, ``markdown`` and
+sub-agent reports are in Simplified Chinese; ``计算 12*7``, ``几点``, ``写文件``, ``代码`` and
+``长回答`` work like their English keywords.
+
 Pure and deterministic: the only "randomness" is a ``random.Random`` seeded from a hash of
 the request.
 """
