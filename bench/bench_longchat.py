@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,7 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_streams: shared helpers
 
-from bench_streams import percentile, server_env, setup_django, temporary_database  # noqa: E402
+from bench_streams import percentile  # noqa: E402
+from benchdb import analyze, django_database  # noqa: E402
 
 TARGET_RATIO = 1.5
 TARGET_PAGE_MS = 150.0
@@ -273,18 +272,6 @@ def measure_replay(chat_id: str, behind: int, runs: int) -> dict[str, Any]:
     }
 
 
-def analyze() -> None:
-    """Planner statistics, as autovacuum keeps them on a live PostgreSQL database.
-
-    Without them the planner still thinks the freshly filled event table is empty and
-    sorts every event of the chat for "the newest 200" (10-20 ms at 30,000 events)
-    instead of walking the (chat, channel, seq) index backwards (0.1 ms)."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE")
-
-
 def profile_page(client, chat_id: str) -> None:
     """cProfile of 10 requests of the page: where its server time goes."""
     import cProfile
@@ -380,52 +367,45 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     sizes = sorted(int(x) for x in args.sizes.split(",") if x.strip())
 
-    workdir = Path(tempfile.mkdtemp(prefix="lyceum-bench-longchat-"))
-    try:
-        with temporary_database(workdir, args.postgres) as db_env:
-            setup_django(server_env(db_env, workdir))
-            from django.contrib.auth import get_user_model
-            from django.test import Client, override_settings
+    with django_database("lyceum-bench-longchat-", args.postgres):
+        from django.contrib.auth import get_user_model
+        from django.test import Client, override_settings
 
-            from chat import store
+        from chat import store
 
-            owner = get_user_model().objects.create_user("longchat", password="bench-pass-1")
-            chats: dict[int, dict[str, Any]] = {}
+        owner = get_user_model().objects.create_user("longchat", password="bench-pass-1")
+        chats: dict[int, dict[str, Any]] = {}
+        for size in sizes:
+            started = time.perf_counter()
+            chat_id = build_chat(owner, size, seed=size)
+            events = store.last_display_seq(chat_id)
+            print(
+                f"built a chat of {size:,} messages ({events:,} display events) "
+                f"in {time.perf_counter() - started:.1f} s"
+            )
+            chats[size] = {"id": chat_id, "events": events}
+        if args.postgres and not args.no_analyze:
+            analyze()
+        plain_static = {
+            "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+            "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+        }
+        with override_settings(STORAGES=plain_static):
+            client = Client(headers={"host": "127.0.0.1"})
+            client.force_login(owner)
             for size in sizes:
-                started = time.perf_counter()
-                chat_id = build_chat(owner, size, seed=size)
-                events = store.last_display_seq(chat_id)
-                print(
-                    f"built a chat of {size:,} messages ({events:,} display events) "
-                    f"in {time.perf_counter() - started:.1f} s"
+                chats[size]["page"] = measure_page(client, chats[size]["id"], args.runs)
+                enough = chats[size]["events"] > args.behind
+                chats[size]["replay"] = (
+                    measure_replay(chats[size]["id"], args.behind, args.runs) if enough else None
                 )
-                chats[size] = {"id": chat_id, "events": events}
-            if args.postgres and not args.no_analyze:
-                analyze()
-            plain_static = {
-                "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-                "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-            }
+        database = "PostgreSQL" if args.postgres else "SQLite"
+        if args.postgres:
+            database += " (no ANALYZE)" if args.no_analyze else " (ANALYZEd)"
+        print_report(database, chats, args.behind)
+        if args.profile:
             with override_settings(STORAGES=plain_static):
-                client = Client(headers={"host": "127.0.0.1"})
-                client.force_login(owner)
-                for size in sizes:
-                    chats[size]["page"] = measure_page(client, chats[size]["id"], args.runs)
-                    enough = chats[size]["events"] > args.behind
-                    chats[size]["replay"] = (
-                        measure_replay(chats[size]["id"], args.behind, args.runs)
-                        if enough
-                        else None
-                    )
-            database = "PostgreSQL" if args.postgres else "SQLite"
-            if args.postgres:
-                database += " (no ANALYZE)" if args.no_analyze else " (ANALYZEd)"
-            print_report(database, chats, args.behind)
-            if args.profile:
-                with override_settings(STORAGES=plain_static):
-                    profile_page(client, chats[sizes[-1]]["id"])
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+                profile_page(client, chats[sizes[-1]]["id"])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -21,8 +22,9 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
-from chat import artifacts, store
+from chat import apikeys, artifacts, quotas, store
 from chat.access import ChatAction, access_chat
 from chat.catalog import UnknownModel, available_models, default_agent, default_model
 from chat.core.artifacts import TEXT_KINDS, Kind, detect_kind, safe_filename
@@ -31,6 +33,7 @@ from chat.core.messages import ChatMessage
 from chat.live.doorbell import ring, ring_cancel
 from chat.models import (
     Agent,
+    ApiKey,
     Artifact,
     ArtifactVersion,
     ChatEvent,
@@ -52,10 +55,22 @@ MAX_MESSAGE_CHARS = 32_000
 class ActionError(Exception):
     """A user action that cannot be done, with a message for that user."""
 
-    def __init__(self, message: str, code: str = "bad_request") -> None:
+    def __init__(
+        self, message: str, code: str = "bad_request", retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
+        self.retry_after = retry_after  # seconds, for a limit that lifts by itself
+
+
+@contextmanager
+def _within_limits() -> Iterator[None]:
+    """A user's limit (chat/quotas.py) refuses the action with its own words."""
+    try:
+        yield
+    except quotas.OverLimit as exc:
+        raise ActionError(exc.message, exc.code, exc.retry_after) from None
 
 
 # --- chats ---------------------------------------------------------------------------------------
@@ -67,6 +82,8 @@ def new_chat(user, *, agent: Agent | None = None, model: str = "", title: str = 
 
 
 def _create_chat(user, *, agent: Agent | None, model: str, title: str = "") -> ChatSession:
+    with _within_limits():
+        quotas.check_new_chat(user)
     agent = agent or default_agent()
     try:
         alias = default_model(model or agent.default_model)
@@ -221,7 +238,7 @@ def send_message(
         return existing
     try:
         with transaction.atomic():
-            return _record_send(chat, text, client_id, thinking, edit_of, attachments)
+            return _record_send(user, chat, text, client_id, thinking, edit_of, attachments)
     except IntegrityError:
         # Two sends with the same client id raced; the first one won.
         won = _sent_before(chat, client_id)
@@ -266,7 +283,7 @@ def start_chat_and_send(
             if attachments:
                 raise ActionError(_("Attach files to an existing chat."), "bad_request")
             chat = _create_chat(user, agent=agent, model=model)
-        return _record_send(chat, text, client_id, thinking, None, attachments)
+        return _record_send(user, chat, text, client_id, thinking, None, attachments)
 
 
 def _sent_before(chat: ChatSession, client_id: str) -> SendResult | None:
@@ -277,6 +294,7 @@ def _sent_before(chat: ChatSession, client_id: str) -> SendResult | None:
 
 
 def _record_send(
+    user,
     chat: ChatSession,
     text: str,
     client_id: str,
@@ -286,6 +304,10 @@ def _record_send(
 ) -> SendResult:
     _check_budget(chat)
     live = transitions.live_run(chat, lock=True)
+    with _within_limits():
+        quotas.take_message(user)
+        if live is None:
+            quotas.check_new_run(chat.owner_id)
     attached = _attached_versions(chat, attachments or [])
     context_text, images = _with_attachments(chat, text, attached)
     entry = QueuedInput.objects.create(
@@ -457,6 +479,8 @@ def _start_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY) -> Run:
     _check_budget(chat)
     if transitions.live_run(chat, lock=True) is not None:
         raise ActionError(_("Wait for the current reply to finish."), "busy")
+    with _within_limits():
+        quotas.check_new_run(chat.owner_id)
     run = transitions.new_run(chat, kind=kind)
     launch_on_commit(str(run.pk))
     return run
@@ -467,49 +491,162 @@ def _check_budget(chat: ChatSession) -> None:
     from chat.relay import limits
 
     try:
-        limits.check_run(chat.owner)
+        limits.check_run(chat.owner_id)
     except limits.Refused as exc:
         raise ActionError(exc.message, "over_budget") from None
 
 
-def _last_user_index(context: list[ChatMessage]) -> int:
-    for index in range(len(context) - 1, -1, -1):
-        if context[index].role == "user":
-            return index
-    raise ActionError(_("There is no message to answer yet."), "empty")
+# --- versions and branches -------------------------------------------------------------------
+# Editing a message or regenerating a reply starts a branch (chat.core.branches): the log
+# keeps every version, the page and the model see the active path. A run writes to the
+# branch current when it started, so nothing branches or switches while a run is live.
+
+BUSY_BRANCHING = gettext_noop(
+    "Wait for the current reply to finish, or stop it, before changing versions."
+)
 
 
-def regenerate(user, chat_id) -> str:
-    """Answer the last user message again; the earlier reply stays in the log and on screen."""
+def _lock_idle(chat: ChatSession) -> None:
+    """Hold the chat's row for the branch change; refuse while a run is live."""
+    ChatSession.objects.select_for_update().filter(pk=chat.pk).values_list("pk").first()
+    if transitions.live_run(chat, lock=True) is not None:
+        raise ActionError(_(BUSY_BRANCHING), "busy")
+
+
+def _path_message(chat: ChatSession, shape, seq: int) -> dict | None:
+    """The payload of message ``seq`` when it is on the active path."""
+    if not shape.path().contains(seq):
+        return None
+    return (
+        ChatEvent.objects.filter(chat=chat, channel=ChatEvent.Channel.DISPLAY, seq=seq, kind="msg")
+        .values_list("payload", flat=True)
+        .first()
+    )
+
+
+def _drop_inputs_off_path(chat: ChatSession) -> None:
+    """Messages still waiting for a run but not on the new path are not taken by one."""
+    path = store.branch_shape(chat.pk).path()
+    waiting = QueuedInput.objects.filter(chat=chat, consumed=False)
+    off = [
+        pk for pk, seq in waiting.values_list("pk", "display_seq") if not path.contains(seq or 0)
+    ]
+    if off:
+        QueuedInput.objects.filter(pk__in=off).update(consumed=True)
+
+
+def _answered_message(chat: ChatSession, shape, before: int) -> int:
+    """The user message a reply at ``before`` answers: the newest on the path before it that
+    a run took before the reply was written (else the newest, which no run took yet)."""
+    on_path = store.on_path(shape.path())
+    display = ChatEvent.objects.filter(chat=chat, channel=ChatEvent.Channel.DISPLAY, seq__lt=before)
+    users = list(
+        display.filter(on_path, kind="msg", payload__role="user")
+        .exclude(payload__has_key="sender_name")
+        .order_by("-seq")
+        .values_list("seq", flat=True)[:50]
+    )
+    if not users:
+        raise ActionError(_("There is no message to answer yet."), "empty")
+    taken = set(
+        display.filter(on_path, kind="input_taken", payload__input_seq__in=users).values_list(
+            "payload__input_seq", flat=True
+        )
+    )
+    return next((seq for seq in users if seq in taken), users[0])
+
+
+def _is_reply(chat: ChatSession, shape, seq: int) -> bool:
+    """Event ``seq`` is on the active path and ends a reply (a message of the assistant, or
+    how a run ended: an error, a stop)."""
+    if not shape.path().contains(seq):
+        return False
+    row = (
+        ChatEvent.objects.filter(chat=chat, channel=ChatEvent.Channel.DISPLAY, seq=seq)
+        .values_list("kind", "payload")
+        .first()
+    )
+    if row is None:
+        return False
+    kind, payload = row
+    return kind in ("error", "cancelled") or (kind == "msg" and payload.get("role") == "assistant")
+
+
+def regenerate(user, chat_id, seq: int | None = None) -> str:
+    """A new version of the reply at ``seq`` (the newest when None), in its place.
+
+    The chat forks right after the user message the reply answers; the earlier versions
+    stay in the log, one switch away.
+    """
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
-        context = store.load_context(chat.pk)
-        keep = _last_user_index(context) + 1
+        _lock_idle(chat)
+        shape = store.branch_shape(chat.pk)
+        if seq is None:
+            seq = store.last_display_seq(chat.pk) + 1
+        elif not _is_reply(chat, shape, seq):
+            raise ActionError(_("There is no such reply to regenerate."), "not_found")
+        answered = _answered_message(chat, shape, seq)
+        following = store.display_events_after(chat.pk, answered, 1, shape=shape)
+        if not following:
+            raise ActionError(_("There is no reply to regenerate yet."), "empty")
+        marker = store.context_marker(chat.pk, answered)
+        context = store.context_until(chat.pk, marker) if marker else store.load_context(chat.pk)
         run = _start_run(chat)
-        if keep < len(context):
-            store.restore_context(chat.pk, context[:keep])
-        note = ChatMessage(role="system", content="Regenerating the last reply.")
-        rows = store.append_display_messages(chat.pk, [note])
+        rows = store.fork(chat.pk, parent=shape.active, at=following[0].seq, context=context)
+        _drop_inputs_off_path(chat)
         ring(chat.pk, rows)
     return str(run.pk)
 
 
+def edit_message(user, chat_id, seq: int, text: str, client_id: str) -> SendResult:
+    """Send ``text`` in place of the message at ``seq``: the chat goes on from there on a
+    new branch; the earlier version and what followed it stay, one switch away."""
+    text = _checked_text(text)
+    client_id = _checked_client_id(client_id)
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    existing = _sent_before(chat, client_id)
+    if existing:
+        return existing
+    with transaction.atomic():
+        _lock_idle(chat)
+        shape = store.branch_shape(chat.pk)
+        payload = _path_message(chat, shape, seq)
+        if not payload or payload.get("role") != "user" or payload.get("sender_name"):
+            raise ActionError(_("There is no such message of yours to edit."), "not_found")
+        marker = store.context_marker(chat.pk, seq)
+        context = (
+            store.context_until(chat.pk, marker - 1) if marker else store.load_context(chat.pk)
+        )
+        ring(chat.pk, store.fork(chat.pk, parent=shape.active, at=seq, context=context))
+        _drop_inputs_off_path(chat)
+        return _record_send(user, chat, text, client_id, True, None)
+
+
 def edit_last_message(user, chat_id, text: str, client_id: str) -> SendResult:
-    """Replace the last user message with ``text`` and answer it; both versions stay shown."""
+    """:func:`edit_message` for the newest message of the person on the active path."""
+    chat = access_chat(user, chat_id, ChatAction.WRITE)
+    shape = store.branch_shape(chat.pk)
+    last = _answered_message(chat, shape, store.last_display_seq(chat.pk) + 1)
+    return edit_message(user, chat.pk, last, text, client_id)
+
+
+def switch_version(user, chat_id, base: int, index: int) -> int:
+    """Show version ``index`` (from 0) of the messages after event ``base``, with what
+    followed it when last shown; every open page of the chat follows. Returns the branch."""
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
-        if transitions.live_run(chat, lock=True) is not None:
-            raise ActionError(_("Wait for the current reply to finish."), "busy")
-        context = store.load_context(chat.pk)
-        store.restore_context(chat.pk, context[: _last_user_index(context)])
-        previous = (
-            QueuedInput.objects.filter(chat=chat)
-            .order_by("-pk")
-            .values_list("display_seq", flat=True)
-            .first()
-        )
-        result = send_message(user, chat.pk, text, client_id, edit_of=previous)
-    return result
+        _lock_idle(chat)
+        shape = store.branch_shape(chat.pk)
+        target = shape.switch_target(base, index)
+        if target is None:
+            raise ActionError(_("There is no such version."), "not_found")
+        if target == shape.active:
+            return target
+        context = store.context_until(chat.pk, shape.left_ctx[target])
+        ring(chat.pk, store.switch_branch(chat.pk, to=target, context=context))
+        _drop_inputs_off_path(chat)
+    return target
 
 
 def request_compaction(user, chat_id) -> str:
@@ -589,6 +726,16 @@ def decide_approval(
         run_id = transitions.record_decision(approval)
         launch_on_commit(run_id, resume=True)
     return DecideResult(run_id, approval.status)
+
+
+# --- API keys ------------------------------------------------------------------------------------
+
+
+def new_api_key(user, name: str = "") -> tuple[ApiKey, str]:
+    """A new API key of ``user`` and its raw value (shown once), within their key limit."""
+    with transaction.atomic(), _within_limits():
+        quotas.check_new_api_key(user)
+        return apikeys.create_api_key(user, name)
 
 
 # --- the relay --------------------------------------------------------------------------------------

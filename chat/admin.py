@@ -1,6 +1,20 @@
-from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.translation import gettext as _
 
+from chat import providersetup
+from chat.admin_forms import (
+    AgentForm,
+    ProviderForm,
+    ProviderKeyForm,
+    known_tools,
+    policy_field_name,
+)
 from chat.models import (
     Agent,
     ApiKey,
@@ -13,7 +27,6 @@ from chat.models import (
     Run,
     UsageRecord,
 )
-from chat.relay import secrets
 
 
 @admin.register(ChatSession)
@@ -53,28 +66,6 @@ class ProviderModelInline(admin.TabularInline):
     ]
 
 
-class ProviderKeyForm(forms.ModelForm):
-    """A pool key: written encrypted, never rendered back (empty keeps the stored one)."""
-
-    secret = forms.CharField(
-        required=False,
-        widget=forms.PasswordInput(render_value=False),
-        help_text="Leave empty to keep the current key.",
-    )
-
-    class Meta:
-        model = ProviderKey
-        fields = ["label", "secret", "enabled"]
-
-    def clean_secret(self):
-        raw = self.cleaned_data.get("secret") or ""
-        if raw:
-            return secrets.encrypt(raw)
-        if self.instance.pk:
-            return ProviderKey.objects.get(pk=self.instance.pk).secret
-        raise forms.ValidationError("Enter the key.")
-
-
 class ProviderKeyInline(admin.TabularInline):
     model = ProviderKey
     form = ProviderKeyForm
@@ -82,25 +73,16 @@ class ProviderKeyInline(admin.TabularInline):
     fields = ["label", "secret", "enabled", "requests", "failures", "last_status", "cooldown_until"]
     readonly_fields = ["requests", "failures", "last_status", "cooldown_until"]
 
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form = _scoped(formset.form, request, obj, "pool")
+        return formset
 
-class ProviderForm(forms.ModelForm):
-    class Meta:
-        model = Provider
-        fields = ["name", "kind", "base_url", "api_key", "enabled"]
 
-    def clean(self):
-        data = super().clean()
-        if (
-            self.instance.pk
-            and "base_url" in self.changed_data
-            and not data.get("api_key")
-            and Provider.objects.filter(pk=self.instance.pk).exclude(api_key="").exists()
-        ):
-            # A key must never follow a URL change to a new host.
-            self.add_error(
-                "api_key", "Changing the base URL needs the key entered again (or a new one)."
-            )
-        return data
+def _scoped(form_class, request, obj, part: str):
+    """The form class with its key tokens bound to this admin and this object."""
+    scope = f"{request.user.pk}:{obj.pk if obj is not None else 'new'}:{part}"
+    return type(form_class.__name__, (form_class,), {"key_scope": scope})
 
 
 @admin.register(Provider)
@@ -109,28 +91,140 @@ class ProviderAdmin(admin.ModelAdmin):
 
     form = ProviderForm
     list_display = ["name", "kind", "base_url", "enabled"]
+    fields = ["name", "kind", "base_url", "api_key", "no_key", "enabled"]
     inlines = [ProviderModelInline, ProviderKeyInline]
+    change_form_template = "admin/chat/provider/change_form.html"
 
     def get_form(self, request, obj=None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
-        if "api_key" in form.base_fields:
-            # Never render the stored key back into the page.
-            form.base_fields["api_key"].widget = forms.PasswordInput(render_value=False)
-            form.base_fields["api_key"].help_text = "Leave empty to keep the current key."
-        return form
+        return _scoped(super().get_form(request, obj, **kwargs), request, obj, "provider")
 
-    def save_model(self, request, obj, form, change):
-        if change and not form.cleaned_data.get("api_key"):
-            obj.api_key = Provider.objects.get(pk=obj.pk).api_key
-        elif obj.api_key and not secrets.is_encrypted(obj.api_key):
-            obj.api_key = secrets.encrypt(obj.api_key)  # stored encrypted, never in clear
-        super().save_model(request, obj, form, change)
+    def get_urls(self):
+        own = [
+            path(
+                "<path:object_id>/test-connection/",
+                self.admin_site.admin_view(self.test_connection_view),
+                name="chat_provider_test_connection",
+            ),
+            path(
+                "<path:object_id>/fetch-models/",
+                self.admin_site.admin_view(self.fetch_models_view),
+                name="chat_provider_fetch_models",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def _changeable(self, request, object_id) -> Provider:
+        """The provider, if this admin may change it (404 / 403 otherwise)."""
+        provider = self.get_object(request, unquote(object_id))
+        if provider is None:
+            raise Http404
+        if not self.has_change_permission(request, provider):
+            raise PermissionDenied
+        return provider
+
+    def _change_url(self, provider: Provider) -> str:
+        return reverse("admin:chat_provider_change", args=[provider.pk])
+
+    def test_connection_view(self, request, object_id):
+        provider = self._changeable(request, object_id)
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        check = providersetup.check_connection(provider)
+        level = messages.SUCCESS if check.ok else messages.ERROR
+        self.message_user(request, check.message, level)
+        return HttpResponseRedirect(self._change_url(provider))
+
+    def fetch_models_view(self, request, object_id):
+        provider = self._changeable(request, object_id)
+        if request.method == "POST":
+            offered = request.POST.getlist("offered")
+            ticked = request.POST.getlist("model")
+            change = providersetup.apply_whitelist(provider, offered, ticked)
+            self.message_user(request, _whitelist_message(change), messages.SUCCESS)
+            if change.skipped:
+                self.message_user(
+                    request,
+                    _("No free alias for %(models)s: add them by hand with an alias of your own.")
+                    % {"models": ", ".join(change.skipped)},
+                    messages.WARNING,
+                )
+            return HttpResponseRedirect(self._change_url(provider))
+        whitelisted = providersetup.whitelisted_ids(provider)
+        error = ""
+        try:
+            listed = providersetup.fetch_models(provider)
+        except providersetup.SetupError as failure:
+            listed, error = [], failure.message
+        rows = [{"id": m, "alias": whitelisted.get(m, ""), "listed": True} for m in listed]
+        rows += [
+            {"id": m, "alias": alias, "listed": False}
+            for m, alias in sorted(whitelisted.items())
+            if m not in set(listed)
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Models of %(provider)s") % {"provider": provider.name},
+            "opts": self.model._meta,
+            "original": provider,
+            "rows": rows,
+            "error": error,
+            "change_url": self._change_url(provider),
+        }
+        return TemplateResponse(request, "admin/chat/provider/fetch_models.html", context)
+
+
+def _whitelist_message(change: providersetup.WhitelistChange) -> str:
+    if not change.added and not change.removed:
+        return _("The whitelist is unchanged.")
+    parts = []
+    if change.added:
+        parts.append(_("Whitelisted: %(aliases)s.") % {"aliases": ", ".join(change.added)})
+    if change.removed:
+        parts.append(_("Removed: %(aliases)s.") % {"aliases": ", ".join(change.removed)})
+    return " ".join(str(p) for p in parts)
 
 
 @admin.register(Agent)
 class AgentAdmin(admin.ModelAdmin):
+    form = AgentForm
     list_display = ["name", "slug", "default_model", "is_default"]
     prepopulated_fields = {"slug": ["name"]}
+
+    def get_fieldsets(self, request, obj=None):
+        policies = [policy_field_name(t) for t in known_tools()]
+        return [
+            (
+                None,
+                {
+                    "fields": [
+                        "name",
+                        "slug",
+                        "system_prompt",
+                        "default_model",
+                        "personas",
+                        "max_rounds",
+                        "is_default",
+                    ]
+                },
+            ),
+            (_("Tools"), {"fields": ["tools"]}),
+            (
+                _("Approval per tool"),
+                {
+                    "fields": policies,
+                    "description": _(
+                        "Whether each tool runs on its own, asks the user first, or never runs."
+                    ),
+                },
+            ),
+        ]
+
+    def save_model(self, request, obj, form, change):
+        with transaction.atomic():
+            super().save_model(request, obj, form, change)
+            if obj.is_default:
+                # One default agent: the one just marked.
+                Agent.objects.filter(is_default=True).exclude(pk=obj.pk).update(is_default=False)
 
 
 @admin.register(Run)

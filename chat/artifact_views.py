@@ -225,7 +225,7 @@ def chat_attach(request: HttpRequest, chat_id) -> HttpResponse:
     try:
         version = actions.attach_file(request.user, chat_id, upload.name or "file", upload.read())
     except actions.ActionError as exc:
-        status = 413 if exc.code in ("too_large", "chat_full") else 400
+        status = 413 if exc.code in ("too_large", "chat_full", "over_quota") else 400
         return JsonResponse({"error": exc.message}, status=status)
     return JsonResponse(attachment_json(version), status=201)
 

@@ -32,7 +32,7 @@ from django.db import transaction
 from django.db.models import F, Sum
 from django.utils.translation import gettext as _
 
-from chat import store
+from chat import quotas, store
 from chat.agent.events import ArtifactSaved
 from chat.agent.workspace import WorkspaceError, normalize_path
 from chat.core.artifacts import TEXT_KINDS, Kind, detect_kind, safe_path
@@ -119,6 +119,10 @@ def _check_chat_limits(chat_id: Any, size: int, new_artifact: bool) -> None:
             % {"size": human_size(used + size), "limit": human_size(limit)},
             "chat_full",
         )
+    try:
+        quotas.check_storage(chat_id, size)
+    except quotas.OverLimit as exc:
+        raise ArtifactError(exc.message, exc.code) from None
 
 
 def save_version(
@@ -141,6 +145,7 @@ def save_version(
     """
     check_size(len(data), path)
     sha = hashlib.sha256(data).hexdigest()
+    refused: ArtifactError | None = None
     with transaction.atomic(savepoint=False):
         artifact = Artifact.objects.select_for_update().filter(chat_id=chat_id, path=path).first()
         if artifact is not None:
@@ -149,33 +154,66 @@ def save_version(
                 if storage_name:
                     transaction.on_commit(lambda: forget_content([storage_name]))
                 return None
-        _check_chat_limits(chat_id, len(data), artifact is None)
-        detected = detect_kind(path, data, language_hint=language_hint)
-        name = storage_name or store_content(chat_id, data)
-        if artifact is None:
-            artifact = Artifact.objects.create(chat_id=chat_id, path=path, source=source)
-        artifact.version_count += 1
-        artifact.kind, artifact.language, artifact.size = (
-            detected.kind.value,
-            detected.language,
-            len(data),
-        )
-        version = ArtifactVersion.objects.create(
-            artifact=artifact,
-            number=artifact.version_count,
-            storage_name=name,
-            size=len(data),
-            sha256=sha,
-            kind=detected.kind.value,
-            language=detected.language,
-            mime=detected.mime,
-        )
-        artifact.save(update_fields=["version_count", "kind", "language", "size", "updated_at"])
-        rows: list[ChatEvent] = []
-        if card:
-            rows = store.append_display(chat_id, [card_payload(artifact, version, run_id)])
-            version.seq = rows[0].seq
-            version.save(update_fields=["seq"])
+        try:
+            _check_chat_limits(chat_id, len(data), artifact is None)
+        except ArtifactError as exc:
+            # Raised out of this block it would doom the caller's whole transaction (no
+            # savepoint here): a reply's code block over a limit must not undo the reply.
+            refused = exc
+        if refused is None:
+            return _write_version(
+                chat_id,
+                path,
+                data,
+                sha,
+                artifact,
+                source,
+                language_hint,
+                storage_name,
+                card,
+                run_id,
+            )
+    raise refused
+
+
+def _write_version(
+    chat_id: Any,
+    path: str,
+    data: bytes,
+    sha: str,
+    artifact: Artifact | None,
+    source: str,
+    language_hint: str,
+    storage_name: str | None,
+    card: bool,
+    run_id: str,
+) -> Saved:
+    detected = detect_kind(path, data, language_hint=language_hint)
+    name = storage_name or store_content(chat_id, data)
+    if artifact is None:
+        artifact = Artifact.objects.create(chat_id=chat_id, path=path, source=source)
+    artifact.version_count += 1
+    artifact.kind, artifact.language, artifact.size = (
+        detected.kind.value,
+        detected.language,
+        len(data),
+    )
+    version = ArtifactVersion.objects.create(
+        artifact=artifact,
+        number=artifact.version_count,
+        storage_name=name,
+        size=len(data),
+        sha256=sha,
+        kind=detected.kind.value,
+        language=detected.language,
+        mime=detected.mime,
+    )
+    artifact.save(update_fields=["version_count", "kind", "language", "size", "updated_at"])
+    rows: list[ChatEvent] = []
+    if card:
+        rows = store.append_display(chat_id, [card_payload(artifact, version, run_id)])
+        version.seq = rows[0].seq
+        version.save(update_fields=["seq"])
     return Saved(artifact, version, rows)
 
 

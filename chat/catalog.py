@@ -68,6 +68,25 @@ def _openai(name: str, base_url: str, api_key: str) -> OpenAIProvider:
     )
 
 
+def checking_provider(row: Provider, timeout: float) -> OpenAIProvider:
+    """A one-off provider for an admin's check of ``row`` (Test connection, Fetch models).
+
+    Built like the providers of runs (same class, network layer and proxy rules), with
+    ``timeout`` for every wait and no retries: the admin wants an answer, not patience.
+    The caller closes it.
+    """
+    return OpenAIProvider(
+        row.name,
+        row.base_url,
+        decrypt(row.api_key),
+        connect_timeout=timeout,
+        first_byte_timeout=timeout,
+        idle_timeout=timeout,
+        complete_timeout=timeout,
+        max_retries=0,
+    )
+
+
 def _demo(model_id: str) -> DemoProvider:
     delay = 0.0 if model_id == "demo-fast" else settings.LYCEUM_DEMO_TOKEN_DELAY
     return DemoProvider("demo", token_delay=delay)

@@ -68,6 +68,15 @@ class ChatEvent(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["chat", "channel", "seq"], name="chat_event_seq_unique")
         ]
+        # A chat's fork and switch events are read before its display events (store.
+        # branch_shape): most chats have none, and finding that must not scan the chat.
+        indexes = [
+            models.Index(
+                fields=["chat", "seq"],
+                condition=models.Q(kind__in=["fork", "switch"]),
+                name="chat_event_branches",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.chat_id}/{self.channel}#{self.seq} {self.kind}"
@@ -405,7 +414,8 @@ class RelayLimit(models.Model):
 
 
 class UsageCounter(models.Model):
-    """Admission state of one scope (a user or an API key) in one month, without Redis."""
+    """Admission state of one scope (a user, an API key, a door's bucket) in one month,
+    without Redis."""
 
     scope = models.CharField(max_length=64)
     period = models.CharField(max_length=7)  # "2026-01"
@@ -413,6 +423,7 @@ class UsageCounter(models.Model):
     reserved_tokens = models.BigIntegerField(default=0)
     bucket = models.FloatField(default=-1.0)  # requests left in the burst; -1 = full
     bucket_at = models.FloatField(default=0.0)  # Unix time of the last refill
+    locked_until = models.FloatField(default=0.0)  # Unix time a door's lockout ends
 
     class Meta:
         constraints = [

@@ -1,9 +1,9 @@
 """Full-text search over a user's messages, behind one function.
 
 SQLite: the FTS5 table ``chat_message_fts`` (kept by triggers on ``chat_chatevent``,
-migration 0008). PostgreSQL: ``to_tsvector('simple', …)`` over the messages' text, with
-the GIN index of the same expression. Both give highlighted snippets; the caller links
-each hit to its message (``#ev-<seq>``).
+migration 0010). PostgreSQL: the stored column ``chat_chatevent.search_vector``
+(``to_tsvector('simple', …)`` of the messages' text, migration 0012) with a GIN index.
+Both give highlighted snippets; the caller links each hit to its message (``#ev-<seq>``).
 """
 
 from __future__ import annotations
@@ -77,21 +77,25 @@ def _sqlite(user_id: int, words: list[str], limit: int) -> list[Hit]:
 
 def _postgres(user_id: int, words: list[str], limit: int) -> list[Hit]:
     tsquery = " & ".join([*words[:-1], f"{words[-1]}:*"]).replace("'", "")
+    # The newest hits first, then ts_headline on those rows only (it parses the whole
+    # message again). The column's statistics let the planner pick: a common word walks
+    # the newest events and stops at the limit, a rare one reads the GIN index.
     sql = f"""
-        SELECT c.id, c.title, e.seq,
-               ts_headline('simple', e.payload->>'content', q,
+        SELECT h.chat_id, h.title, h.seq,
+               ts_headline('simple', h.payload->>'content', to_tsquery('simple', %s),
                            'StartSel={OPEN}, StopSel={CLOSE}, MaxWords=24, MinWords=8')
-        FROM chat_chatevent e
-        JOIN chat_chatsession c ON c.id = e.chat_id,
-             to_tsquery('simple', %s) q
-        WHERE e.channel = 'display' AND e.kind = 'msg' AND c.owner_id = %s
-          AND e.payload->>'role' IN ('user', 'assistant')
-          AND to_tsvector('simple', coalesce(e.payload->>'content', '')) @@ q
-        ORDER BY e.id DESC
-        LIMIT %s
+        FROM (
+            SELECT c.id AS chat_id, c.title, e.seq, e.payload, e.id
+            FROM chat_chatevent e
+            JOIN chat_chatsession c ON c.id = e.chat_id
+            WHERE c.owner_id = %s AND e.search_vector @@ to_tsquery('simple', %s)
+            ORDER BY e.id DESC
+            LIMIT %s
+        ) h
+        ORDER BY h.id DESC
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, [tsquery, user_id, limit])
+        cursor.execute(sql, [tsquery, user_id, tsquery, limit])
         rows = cursor.fetchall()
     return [_hit(*row) for row in rows]
 

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone, translation
 
-from chat.core import eventlog
+from chat.core import branches, eventlog
 from chat.core.messages import ChatMessage
 from chat.models import ChatEvent, ChatSession
 
@@ -126,13 +126,19 @@ class StoredEvent:
 
 
 def count_display_events_from(chat_id, seq: int) -> int:
-    return ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, seq__gte=seq).count()
+    rows = ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, seq__gte=seq)
+    return rows.filter(on_path(branch_shape(chat_id).path())).count()
 
 
-def display_events_after(chat_id, after_seq: int, limit: int | None = None) -> list[StoredEvent]:
-    rows = ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, seq__gt=after_seq).order_by(
-        "seq"
-    )
+def display_events_after(
+    chat_id, after_seq: int, limit: int | None = None, *, shape: branches.Structure | None = None
+) -> list[StoredEvent]:
+    """Display events after ``after_seq`` on the active path (see :func:`branch_shape`)."""
+    shape = branch_shape(chat_id) if shape is None else shape
+    rows = ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, seq__gt=after_seq)
+    if after_seq < shape.last_seq:  # everything after the last fork or switch is on the path
+        rows = rows.filter(on_path(shape.path()))
+    rows = rows.order_by("seq")
     if limit is not None:
         rows = rows[:limit]
     return [
@@ -141,9 +147,13 @@ def display_events_after(chat_id, after_seq: int, limit: int | None = None) -> l
     ]
 
 
-def display_events_before(chat_id, before_seq: int | None, limit: int) -> list[StoredEvent]:
-    """The ``limit`` display events just before ``before_seq`` (the newest when None), oldest first."""
-    rows = ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY)
+def display_events_before(
+    chat_id, before_seq: int | None, limit: int, *, shape: branches.Structure | None = None
+) -> list[StoredEvent]:
+    """The ``limit`` display events of the active path just before ``before_seq`` (the
+    newest when None), oldest first."""
+    shape = branch_shape(chat_id) if shape is None else shape
+    rows = ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY).filter(on_path(shape.path()))
     if before_seq is not None:
         rows = rows.filter(seq__lt=before_seq)
     newest = rows.order_by("-seq").values_list("seq", "kind", "payload")[:limit]
@@ -185,6 +195,7 @@ def latest_display_payload(chat_id, kind: str) -> dict[str, Any] | None:
     """The payload of the newest display event of ``kind`` (e.g. the context gauge)."""
     return (
         ChatEvent.objects.filter(chat_id=chat_id, channel=DISPLAY, kind=kind)
+        .filter(on_path(branch_shape(chat_id).path()))
         .order_by("-seq")
         .values_list("payload", flat=True)
         .first()
@@ -213,3 +224,81 @@ def open_tool_calls(chat_id, run_id: str) -> list[tuple[str, str]]:
         else:
             started.pop(call_id, None)
     return list(started.items())
+
+
+# --- branches ------------------------------------------------------------------------------------
+# A branch is a pointer: fork and switch events in the display log (chat.core.branches),
+# and a ``restore`` of the context channel to the new branch's context, in one transaction.
+
+
+def branch_shape(chat_id) -> branches.Structure:
+    """The chat's branches, from its fork and switch events (none for most chats)."""
+    rows = ChatEvent.objects.filter(
+        chat_id=chat_id, channel=DISPLAY, kind__in=branches.KINDS
+    ).values_list("seq", "kind", "payload")
+    return branches.structure(rows)
+
+
+def on_path(path: branches.Path) -> Q:
+    """The rows of a path (every row when the chat never branched)."""
+    if path.whole:
+        return Q()
+    if not path.spans:
+        return Q(pk__in=[])
+    wanted = Q()
+    for lo, hi in path.spans:
+        wanted |= Q(seq__gte=lo) if hi is None else Q(seq__gte=lo, seq__lt=hi)
+    return wanted
+
+
+def _session_seq(chat_id) -> int:
+    return ChatSession.objects.values_list("last_session_seq", flat=True).get(pk=chat_id)
+
+
+def fork(chat_id, *, parent: int, at: int, context: list[ChatMessage]) -> list[ChatEvent]:
+    """Start a branch from the path of ``parent`` before seq ``at``, with ``context``."""
+    payload = {"type": branches.FORK, "parent": parent, "at": at, "ctx": _session_seq(chat_id)}
+    rows = append_display(chat_id, [payload])
+    restore_context(chat_id, context)
+    return rows
+
+
+def switch_branch(chat_id, *, to: int, context: list[ChatMessage]) -> list[ChatEvent]:
+    """Make branch ``to`` current again, with ``context`` (its context when it was left)."""
+    payload = {"type": branches.SWITCH, "to": to, "ctx": _session_seq(chat_id)}
+    rows = append_display(chat_id, [payload])
+    restore_context(chat_id, context)
+    return rows
+
+
+def context_marker(chat_id, input_seq: int) -> int | None:
+    """The seq of the context event of the user message shown at ``input_seq``, if taken."""
+    return (
+        ChatEvent.objects.filter(
+            chat_id=chat_id, channel=SESSION, kind=eventlog.MSG, payload__extra__input_seq=input_seq
+        )
+        .order_by("seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+
+
+def context_until(chat_id, seq: int) -> list[ChatMessage]:
+    """The context as it stood once session event ``seq`` was written (repaired)."""
+    events = ChatEvent.objects.filter(chat_id=chat_id, channel=SESSION, seq__lte=seq)
+    reset_seq = events.filter(kind__in=[eventlog.CLEAR, eventlog.RESTORE]).aggregate(
+        seq=Max("seq")
+    )["seq"]
+    if reset_seq is not None:
+        events = events.filter(seq__gte=reset_seq)
+    return eventlog.load(events.order_by("seq").values_list("payload", flat=True)).messages
+
+
+def any_display_of(
+    chat_id, kinds: Iterable[str], after: int, before: int, path: branches.Path
+) -> bool:
+    """Whether the path has an event of ``kinds`` strictly between two seqs."""
+    rows = ChatEvent.objects.filter(
+        chat_id=chat_id, channel=DISPLAY, kind__in=list(kinds), seq__gt=after, seq__lt=before
+    )
+    return rows.filter(on_path(path)).exists()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
-from typing import Any
 
 from django.contrib import messages
 from django.db.models import F
@@ -18,62 +16,19 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from chat import actions, artifacts, search, store
 from chat.access import ChatAction, ViewHow, access_chat, can_access_chat, note_view
-from chat.apikeys import create_api_key, revoke_api_key
+from chat.apikeys import revoke_api_key
 from chat.catalog import available_models
 from chat.models import Agent, ApiKey, ChatSession
 from chat.panels import home_panels
-from chat.presentation import display, exports, fragments
+from chat.presentation import exports, fragments
+from chat.presentation.pages import PAGE_ITEMS, page_of_items
 from chat.runhost import transitions
 
-PAGE_ITEMS = 50
 MAX_JUMP_ITEMS = 2_000
-EVENT_BATCH = 200
 SIDEBAR_CHATS = 100
 NEW_KEY_SESSION = "lyceum_new_api_key"
-
-
-@dataclass
-class Page:
-    chat_id: Any
-    items: list[display.DisplayItem]
-    has_older: bool
-
-    @property
-    def first_seq(self) -> int:
-        return self.items[0].seq if self.items else 0
-
-    @property
-    def html(self) -> str:
-        """The items, each through its partial, as the live push renders them."""
-        return mark_safe(display.render_items(self.chat_id, self.items))  # noqa: S308
-
-
-def page_of_items(chat_id, before_seq: int | None = None, limit: int = PAGE_ITEMS) -> Page:
-    """The newest ``limit`` items before ``before_seq``, with their states folded in."""
-    events: list[store.StoredEvent] = []
-    cursor = before_seq
-    while True:
-        batch = store.display_events_before(chat_id, cursor, EVENT_BATCH)
-        events = batch + events
-        items = display.build_items(events)
-        if len(batch) < EVENT_BATCH or len(items) > limit:
-            break
-        cursor = batch[0].seq
-    has_older = len(items) > limit or (
-        bool(events) and events[0].seq > 1 and len(batch) == EVENT_BATCH
-    )
-    items = items[-limit:]
-    if before_seq is not None and items:
-        # An older page: statuses of its calls may have been written after it.
-        later = store.state_events_after(
-            chat_id,
-            events[-1].seq,
-            call_ids=display.call_ids(items),
-            input_seqs=[i.seq for i in items if i.queued],
-        )
-        if later:
-            items = display.build_items([e for e in events if e.seq >= items[0].seq], later)
-    return Page(chat_id, items, has_older)
+# A refusal by one of the user's limits (chat/quotas.py): "slow down" or "you hold too many".
+LIMIT_STATUS = {"rate_limited": 429, "too_many_runs": 429, "too_many_chats": 403}
 
 
 def sidebar_chats(user, query: str = ""):
@@ -128,7 +83,7 @@ def chat_start(request: HttpRequest) -> HttpResponse:
                 "chosen_model": request.POST.get("model", ""),
                 **_new_chat_options(),
             },
-            status=400,
+            status=LIMIT_STATUS.get(exc.code, 400),
         )
     return redirect("chat_detail", chat_id=result.chat_id)
 
@@ -288,7 +243,11 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             if revoke_api_key(request.user, revoke):
                 messages.success(request, _("The key was revoked."))
             return redirect("api_keys")
-        _key, secret = create_api_key(request.user, request.POST.get("name", "").strip())
+        try:
+            _key, secret = actions.new_api_key(request.user, request.POST.get("name", "").strip())
+        except actions.ActionError as exc:
+            messages.error(request, exc.message)
+            return redirect("api_keys")
         # Post, redirect, get: a refresh shows the list again, never makes a second key.
         # The secret waits in the session for the one page that shows it.
         request.session[NEW_KEY_SESSION] = secret

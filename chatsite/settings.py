@@ -262,6 +262,8 @@ LYCEUM_CONNECT_TIMEOUT = env_float("LYCEUM_CONNECT_TIMEOUT", 10.0, minimum=0.01)
 LYCEUM_FIRST_BYTE_TIMEOUT = env_float("LYCEUM_FIRST_BYTE_TIMEOUT", 60.0, minimum=0.01)
 LYCEUM_IDLE_TIMEOUT = env_float("LYCEUM_IDLE_TIMEOUT", 60.0, minimum=0.01)
 LYCEUM_MAX_RETRIES = env_int("LYCEUM_MAX_RETRIES", 3, minimum=0)
+# The admin's Test connection and Fetch models: one wait this long at most, no retries.
+LYCEUM_PROVIDER_CHECK_TIMEOUT = env_float("LYCEUM_PROVIDER_CHECK_TIMEOUT", 5.0, minimum=0.01)
 # Base of the exponential backoff between retries (seconds; a Retry-After header wins).
 LYCEUM_RETRY_BACKOFF = env_float("LYCEUM_RETRY_BACKOFF", 1.0, minimum=0)
 LYCEUM_RUN_GUARD_SECONDS = env_float("LYCEUM_RUN_GUARD_SECONDS", 300.0, minimum=1)
@@ -315,3 +317,28 @@ LYCEUM_RELAY_CACHE_SECONDS = env_float("LYCEUM_RELAY_CACHE_SECONDS", 2.0, minimu
 # The relay reads a streaming upstream at most this often (the first read at once): tokens
 # that arrive in between go on together, for a fraction of the CPU. 0: read as data arrives.
 LYCEUM_RELAY_READ_INTERVAL = env_float("LYCEUM_RELAY_READ_INTERVAL", 0.02, minimum=0)
+
+# --- Rate limits and quotas on every door (chat/throttle.py, chat/quotas.py) --------------------
+# Kept in Redis with REDIS_URL, else in the database (chat/relay/limits.py). 0 turns a limit off.
+# Sign-in: failed attempts allowed per username and per client address (IPv6: per /64) within
+# the window; one more is refused and the door stays shut for the lockout. Checked before the
+# password is hashed, so a flood of guesses costs no hashing.
+LYCEUM_LOGIN_ATTEMPTS = env_int("LYCEUM_LOGIN_ATTEMPTS", 5, minimum=0)
+LYCEUM_LOGIN_ADDRESS_ATTEMPTS = env_int("LYCEUM_LOGIN_ADDRESS_ATTEMPTS", 50, minimum=0)
+LYCEUM_LOGIN_WINDOW_MINUTES = env_float("LYCEUM_LOGIN_WINDOW_MINUTES", 15.0, minimum=0.1)
+LYCEUM_LOGIN_LOCKOUT_MINUTES = env_float("LYCEUM_LOGIN_LOCKOUT_MINUTES", 15.0, minimum=0.1)
+# Unknown or revoked API keys per client address (the API and the relay) within the lockout
+# time; then that address is refused (429) without looking keys up until it ends.
+LYCEUM_BAD_KEY_ATTEMPTS = env_int("LYCEUM_BAD_KEY_ATTEMPTS", 20, minimum=0)
+LYCEUM_BAD_KEY_LOCKOUT_MINUTES = env_float("LYCEUM_BAD_KEY_LOCKOUT_MINUTES", 10.0, minimum=0.1)
+# The client's address: the connection's, or (behind a proxy that sets it and strips the
+# client's own) this header's: X-Real-IP, or X-Forwarded-For (its last address is taken).
+LYCEUM_CLIENT_ADDRESS_HEADER = env_str("LYCEUM_CLIENT_ADDRESS_HEADER")
+# Per user: chats they start, messages they send per minute (a burst of as many), replies
+# running at once across their chats, active API keys, and their files (artifacts and
+# attachments of all their chats, every version) in megabytes.
+LYCEUM_MAX_CHATS_PER_USER = env_int("LYCEUM_MAX_CHATS_PER_USER", 10_000, minimum=0)
+LYCEUM_MESSAGES_PER_MINUTE = env_int("LYCEUM_MESSAGES_PER_MINUTE", 30, minimum=0)
+LYCEUM_MAX_RUNNING_PER_USER = env_int("LYCEUM_MAX_RUNNING_PER_USER", 10, minimum=0)
+LYCEUM_MAX_API_KEYS = env_int("LYCEUM_MAX_API_KEYS", 25, minimum=0)
+LYCEUM_STORAGE_QUOTA_MB = env_int("LYCEUM_STORAGE_QUOTA_MB", 2048, minimum=0)

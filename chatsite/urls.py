@@ -6,9 +6,13 @@ from django.views.i18n import set_language
 
 from chat.api.views import not_found as api_not_found
 from chat.relay.pages import usage_page
+from chat.signin import ThrottledAdminAuthenticationForm, ThrottledLoginView
+
+# The admin's sign-in counts attempts like the login page's (chat/throttle.py).
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "password/change/",

@@ -1,16 +1,17 @@
 """Fetch-with-permission for classroom objects: one helper per object type.
 
 Pages, sockets and the API all fetch through these; anything a user may not see is a
-404, exactly like an object that does not exist. A class is seen by its teachers
-(owner and co-teachers) and by its enrolled students; only its teachers change it.
-An archived class is hidden from students.
+404, exactly like an object that does not exist. Who may do what is
+:class:`ClassAction`'s table: students study, teachers (the owner and co-teachers)
+run the class, and only the owner archives it or chooses its co-teachers. An archived
+class is hidden from students.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ObjectDoesNotExist, ValidationError
 from django.db.models import Q
 from django.http import Http404
 
@@ -20,8 +21,23 @@ from classroom.models import Classroom, ClassroomChat, Enrollment, Persona, Scen
 
 
 class ClassAction(StrEnum):
-    STUDY = "study"  # see the class, its current scene and cast; chat in it
-    TEACH = "teach"  # change it: scenes, personas, roster, settings
+    """What someone does with a class; each level includes the ones above it.
+
+    ========  ==========================================================  ==================
+    action    what                                                        who
+    ========  ==========================================================  ==================
+    STUDY     see the class, its current scene and cast; chat in it       enrolled students
+                                                                          (not archived),
+                                                                          its teachers
+    TEACH     run it: scenes, personas, roster and join code, title and   the owner and the
+              model, the wall (watch, step in, pause, flags), exports     co-teachers
+    OWN       archive or reopen it; add and remove co-teachers            the owner only
+    ========  ==========================================================  ==================
+    """
+
+    STUDY = "study"
+    TEACH = "teach"
+    OWN = "own"
 
 
 def _active(user) -> bool:
@@ -30,6 +46,10 @@ def _active(user) -> bool:
 
 def teaches(user, classroom: Classroom) -> bool:
     return _active(user) and classroom.is_teacher(user)
+
+
+def owns(user, classroom: Classroom) -> bool:
+    return _active(user) and classroom.owner_id == user.pk
 
 
 def studies(user, classroom: Classroom) -> bool:
@@ -41,6 +61,8 @@ def studies(user, classroom: Classroom) -> bool:
 
 
 def can_access_classroom(user, classroom: Classroom, action: ClassAction) -> bool:
+    if action == ClassAction.OWN:
+        return owns(user, classroom)
     if teaches(user, classroom):
         return True
     return action == ClassAction.STUDY and studies(user, classroom)
@@ -85,6 +107,16 @@ def access_enrollment(user, classroom_id, enrollment_id) -> Enrollment:
         raise Http404("No such student")
     enrollment.classroom = classroom
     return enrollment
+
+
+def access_co_teacher(user, classroom_id, co_teacher_id):
+    """A co-teacher of the class (a user), for its owner to remove."""
+    classroom = access_classroom(user, classroom_id, ClassAction.OWN)
+    try:
+        co_teacher = classroom.co_teachers.get(pk=co_teacher_id)
+    except (ObjectDoesNotExist, ValidationError, ValueError, TypeError):
+        raise Http404("No such co-teacher") from None
+    return classroom, co_teacher
 
 
 def classrooms_of(user):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import re
+from datetime import timedelta
 
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
@@ -29,7 +31,13 @@ from chat.models import ChatEvent, ChatSession, QueuedInput, Run
 from chat.roles import is_teacher
 from chat.runhost import transitions
 from classroom import llmcheck, moderation
-from classroom.access import ClassAction, access_classroom, access_enrollment, access_persona
+from classroom.access import (
+    ClassAction,
+    access_classroom,
+    access_co_teacher,
+    access_enrollment,
+    access_persona,
+)
 from classroom.access import access_scene as _access_scene
 from classroom.models import (
     JOIN_CODE_ALPHABET,
@@ -182,19 +190,84 @@ def update_classroom(user, classroom_id, *, title: str, subject: str, model: str
     return classroom
 
 
-def regenerate_join_code(user, classroom_id) -> str:
-    """A new join code; the old one stops working at once."""
+# How long a regenerated code may work (days; None: until regenerated again).
+JOIN_CODE_VALIDITY_DAYS = (None, 1, 7, 30)
+
+
+def regenerate_join_code(user, classroom_id, valid_for_days: int | None = None) -> str:
+    """A new join code; the old one stops working at once. With ``valid_for_days`` the
+    new one expires then too (a code copied off a board does not work for ever)."""
     classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    if valid_for_days not in JOIN_CODE_VALIDITY_DAYS:
+        raise ActionError(_("Choose how long the code stays valid."), "bad_request")
     classroom.join_code = _unused_code()
-    classroom.save(update_fields=["join_code"])
+    classroom.join_code_expires_at = (
+        timezone.now() + timedelta(days=valid_for_days) if valid_for_days else None
+    )
+    classroom.save(update_fields=["join_code", "join_code_expires_at"])
     return classroom.join_code
 
 
 def set_archived(user, classroom_id, archived: bool) -> Classroom:
-    classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
+    classroom = access_classroom(user, classroom_id, ClassAction.OWN)
     classroom.archived_at = timezone.now() if archived else None
     classroom.save(update_fields=["archived_at"])
     return classroom
+
+
+# --- co-teachers ---------------------------------------------------------------------------------
+
+
+def _find_teacher(who: str):
+    """The one active teacher with this username or email, or None (one answer for
+    "no such user" and "not a teacher": the form tells nobody who has an account)."""
+    who = (who or "").strip()
+    if not who:
+        return None
+    users = get_user_model().objects.filter(is_active=True)
+    found = list(users.filter(username__iexact=who)[:2])
+    if len(found) != 1 and "@" in who:
+        found = list(users.filter(email__iexact=who)[:2])
+    if len(found) != 1:
+        return None
+    user = found[0]
+    return user if is_teacher(user) or user.is_staff else None
+
+
+def add_co_teacher(user, classroom_id, who: str):
+    """The owner shares the class with another teacher, found by username or email;
+    they run it as the owner does, but do not archive it nor choose co-teachers."""
+    classroom = access_classroom(user, classroom_id, ClassAction.OWN)
+    if not (who or "").strip():
+        raise ActionError(_("Type the username or email of a teacher."), "empty")
+    teacher = _find_teacher(who)
+    if teacher is None:
+        raise ActionError(
+            _("No teacher has the username or email “%(who)s”.") % {"who": who.strip()[:100]},
+            "not_found",
+        )
+    name = teacher.get_username()
+    if teacher.pk == classroom.owner_id:
+        raise ActionError(_("You own this class already."), "duplicate")
+    if Enrollment.objects.filter(classroom=classroom, student=teacher).exists():
+        raise ActionError(
+            _("%(name)s is a student of this class: remove them from the roster first.")
+            % {"name": name},
+            "conflict",
+        )
+    with transaction.atomic():
+        classroom.co_teachers.add(teacher)  # adding twice is harmless
+    return teacher
+
+
+def remove_co_teacher(user, classroom_id, co_teacher_id) -> str:
+    """The owner takes a co-teacher off the class; their open wall loses it at its next
+    access check."""
+    classroom, co_teacher = access_co_teacher(user, classroom_id, co_teacher_id)
+    with transaction.atomic():
+        classroom.co_teachers.remove(co_teacher)
+        ring_class(classroom.pk, "state")
+    return co_teacher.get_username()
 
 
 # --- roster --------------------------------------------------------------------------------------
@@ -213,6 +286,11 @@ def join_classroom(user, code: str) -> Classroom:
     classroom = Classroom.objects.filter(join_code=code).first()
     if classroom is None or classroom.archived_at is not None:
         raise wrong
+    expires = classroom.join_code_expires_at
+    if expires is not None and expires <= timezone.now() and not classroom.is_teacher(user):
+        raise ActionError(
+            _("That join code has expired. Ask your teacher for a new one."), "expired_code"
+        )
     if classroom.is_teacher(user):
         return classroom  # a teacher of the class has it already
     try:

@@ -15,9 +15,11 @@ class ClassroomConfig(AppConfig):
         from chat.actions import register_send_check
         from chat.models import ChatSession
         from chat.panels import register_home_panel
+        from chat.presentation.fragments import register_event_fragment
         from chat.runhost.setup import register_run_finished, register_run_setup
         from classroom.access import student_limit, teacher_policy
         from classroom.actions import class_run_finished, class_send_check, observe_view
+        from classroom.panels import scene_marker_fragments
         from classroom.prompt import class_run_setup
         from classroom.views import home_panel
 
@@ -28,3 +30,4 @@ class ClassroomConfig(AppConfig):
         register_run_setup(ChatSession.Kind.CLASSROOM, class_run_setup)
         register_home_panel(home_panel)
         register_view_observer(observe_view)
+        register_event_fragment("scene", scene_marker_fragments)

@@ -40,6 +40,8 @@ class Classroom(models.Model):
         settings.AUTH_USER_MODEL, blank=True, related_name="classrooms_cotaught"
     )
     join_code = models.CharField(max_length=16, unique=True, default=new_join_code)
+    # None: the code works until it is regenerated.
+    join_code_expires_at = models.DateTimeField(null=True, blank=True)
     model = models.CharField(max_length=100, blank=True, help_text="a model alias")
     current_scene = models.ForeignKey(
         "Scene", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

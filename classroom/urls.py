@@ -27,6 +27,16 @@ urlpatterns = [
     path("<int:classroom_id>/code/", views.class_code, name="class_code"),
     path("<int:classroom_id>/archive/", views.class_archive, name="class_archive"),
     path(
+        "<int:classroom_id>/co-teachers/add/",
+        views.class_co_teacher_add,
+        name="class_co_teacher_add",
+    ),
+    path(
+        "<int:classroom_id>/co-teachers/<int:user_id>/remove/",
+        views.class_co_teacher_remove,
+        name="class_co_teacher_remove",
+    ),
+    path(
         "<int:classroom_id>/roster/<int:enrollment_id>/remove/",
         views.class_remove_student,
         name="class_remove_student",

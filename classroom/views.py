@@ -9,6 +9,7 @@ from django.db.models import Count, Max
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -19,13 +20,14 @@ from chat.presentation.markdown import render_markdown_uncached
 from chat.roles import is_teacher
 from chat.runhost import transitions
 from chat.views import _stream_html, page_of_items
-from classroom import actions, exports, wall
+from classroom import actions, exports, panels, wall
 from classroom.access import (
     ClassAction,
     access_classroom,
     access_persona,
     access_scene,
     classrooms_of,
+    owns,
     teaches,
 )
 from classroom.models import (
@@ -37,7 +39,6 @@ from classroom.models import (
     Scene,
     TeacherView,
 )
-from classroom.prompt import cast_of
 
 
 def _may_create(user) -> bool:
@@ -89,6 +90,11 @@ def class_detail(request: HttpRequest, classroom_id: int) -> HttpResponse:
             "models": available_models(),
             "join_url": request.build_absolute_uri(f"/classes/join/{classroom.join_code}/"),
             "role_choices": Persona.Role.choices,
+            "is_owner": owns(request.user, classroom),
+            "code_expired": classroom.join_code_expires_at is not None
+            and classroom.join_code_expires_at <= timezone.now(),
+            "validity_days": [d for d in actions.JOIN_CODE_VALIDITY_DAYS if d],
+            "co_teachers": list(classroom.co_teachers.order_by("username")),
         },
     )
 
@@ -140,7 +146,18 @@ def class_archive(request: HttpRequest, classroom_id: int) -> HttpResponse:
 
 @require_POST
 def class_code(request: HttpRequest, classroom_id: int) -> HttpResponse:
-    _do(request, actions.regenerate_join_code, classroom_id, success=_("New join code: {result}."))
+    raw = request.POST.get("valid_for", "")
+    try:
+        valid_for = int(raw) if raw else None
+    except ValueError:
+        valid_for = -1  # the action refuses it with a message
+    _do(
+        request,
+        actions.regenerate_join_code,
+        classroom_id,
+        valid_for,
+        success=_("New join code: {result}."),
+    )
     return _back(classroom_id, "roster")
 
 
@@ -154,6 +171,27 @@ def class_remove_student(request: HttpRequest, classroom_id: int, enrollment_id:
         success=_("Removed {result} from the class."),
     )
     return _back(classroom_id, "roster")
+
+
+@require_POST
+def class_co_teacher_add(request: HttpRequest, classroom_id: int) -> HttpResponse:
+    added = _do(request, actions.add_co_teacher, classroom_id, request.POST.get("who", ""))
+    if added is not None:
+        messages.success(
+            request,
+            _("%(name)s now co-teaches this class.") % {"name": added.get_username()},
+        )
+    return _back(classroom_id, "co-teachers")
+
+
+@require_POST
+def class_co_teacher_remove(request: HttpRequest, classroom_id: int, user_id: int):
+    removed = _do(request, actions.remove_co_teacher, classroom_id, user_id)
+    if removed is not None:
+        messages.success(
+            request, _("%(name)s no longer co-teaches this class.") % {"name": removed}
+        )
+    return _back(classroom_id, "co-teachers")
 
 
 # --- joining -------------------------------------------------------------------------------------
@@ -345,11 +383,7 @@ def class_chat(request: HttpRequest, classroom_id: int) -> HttpResponse:
         {
             "classroom": classroom,
             "chat": chat,
-            "scene": classroom.current_scene,
-            "scene_html": render_markdown_uncached(classroom.current_scene.content)
-            if classroom.current_scene and classroom.current_scene.content
-            else "",
-            "cast": cast_of(classroom),
+            **panels.side_context(classroom),
             "page": page,
             "last_seq": chat.last_display_seq,
             "live_run": live,

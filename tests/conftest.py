@@ -72,6 +72,11 @@ def pytest_configure(config):
     # which tests counting a model's requests do not expect. Tests of titles turn it on.
     settings.LYCEUM_GENERATE_TITLES = False
 
+    # Tests send faster than any person and run many replies of one user at once; the
+    # per-user rates are off except in the tests of limits (tests/hardening/limits/).
+    settings.LYCEUM_MESSAGES_PER_MINUTE = 0
+    settings.LYCEUM_MAX_RUNNING_PER_USER = 0
+
 
 @pytest.fixture(scope="session", autouse=True)
 def network_guard():
@@ -80,6 +85,17 @@ def network_guard():
     netguard.install()
     yield
     netguard.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_limit_cache():
+    """Limits and keys kept in memory (chat/relay/ttlcache.py) do not outlive a test: the
+    next test's rows may reuse the same primary keys."""
+    from chat.relay import ttlcache
+
+    ttlcache.clear()
+    yield
+    ttlcache.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -189,6 +189,10 @@ class FakeOpenAI:
         self.port = port
         self.default = default or Script()
         self.models = models or ["fake-model", "fake-reasoner"]
+        # Checks of a provider's settings (the admin's Test connection, Fetch models):
+        self.api_key: str | None = None  # set: a request without this bearer key gets 401
+        self.models_status = 200  # another status answers GET /models with an error
+        self.models_delay = 0.0  # seconds before GET /models answers
         self.requests: list[RecordedRequest] = []
         self.disconnects: list[float] = []  # monotonic times of early client disconnects
         self.responses_started = 0
@@ -336,7 +340,18 @@ class FakeOpenAI:
 
     async def _route(self, conn: _Connection, request: RecordedRequest) -> None:
         path = request.path.split("?", 1)[0]
-        if request.method == "GET" and path.endswith("/models"):
+        if self.api_key is not None and request.headers.get("authorization") != (
+            f"Bearer {self.api_key}"
+        ):
+            error = {"message": "Incorrect API key provided", "code": "invalid_api_key"}
+            await _send_json(conn, 401, {"error": error})
+        elif request.method == "GET" and path.endswith("/models"):
+            if self.models_delay:
+                await asyncio.sleep(self.models_delay)
+            if self.models_status != 200:
+                message = f"no model list ({self.models_status})"
+                await _send_json(conn, self.models_status, {"error": {"message": message}})
+                return
             data = [{"id": m, "object": "model", "owned_by": "fake"} for m in self.models]
             await _send_json(conn, 200, {"object": "list", "data": data})
         elif request.method == "POST" and path.endswith("/chat/completions"):

@@ -257,8 +257,13 @@ class AgentLoop:
         for item in queued:
             # Display showed the message when it was sent; context gets it now. Mid-run
             # the model is told it was appended while it worked.
+            # Marked with the message's display seq: editing it or regenerating its reply
+            # finds the context as it stood there (chat.core.branches).
             message = ChatMessage(
-                role=Role.USER, content=item.text, images=list(item.images) or None
+                role=Role.USER,
+                content=item.text,
+                images=list(item.images) or None,
+                extra={"input_seq": item.display_seq} if item.display_seq else {},
             )
             self.host.channels.push_context_only(message)
             shown = item.text if first_round else USER_APPENDED_PREFIX + item.text

@@ -26,9 +26,10 @@ from django.http import (
 )
 from django.urls import reverse
 from django.utils.http import content_disposition_header
+from django.utils.translation import gettext
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import actions, artifacts, store
+from chat import actions, artifacts, store, throttle
 from chat.access import (
     ChatAction,
     ViewHow,
@@ -56,7 +57,14 @@ STATUS_BY_CODE = {
     "no_agent": 503,
     "too_large": 413,
     "chat_full": 413,
+    # The user's limits (chat/quotas.py).
+    "rate_limited": 429,
+    "too_many_runs": 429,
+    "too_many_chats": 403,
+    "too_many_keys": 403,
+    "over_quota": 413,
 }
+LIMIT_TYPES = {"rate_limited": "rate_limit_error", "too_many_runs": "rate_limit_error"}
 
 
 class ApiError(Exception):
@@ -67,6 +75,17 @@ class ApiError(Exception):
 
 def error_response(status: int, type_: str, message: str) -> JsonResponse:
     return JsonResponse({"error": {"type": type_, "message": message}}, status=status)
+
+
+def locked_response(locked: throttle.Locked) -> JsonResponse:
+    response = error_response(
+        429,
+        "rate_limit_error",
+        gettext("Too many requests with a wrong API key from your address; try again in %(s)d s.")
+        % {"s": locked.retry_after},
+    )
+    response["Retry-After"] = str(locked.retry_after)
+    return response
 
 
 View = Callable[..., Awaitable[HttpResponse]]
@@ -86,9 +105,18 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 return response
             header = request.headers.get("Authorization", "")
             scheme, _, raw = header.partition(" ")
+            raw = raw.strip() if scheme.lower() == "bearer" else ""
             user = None
-            if scheme.lower() == "bearer":
-                user = await database_sync_to_async(authenticate_key)(raw.strip())
+            if raw:
+                # A shut address is refused before its key is looked up (chat/throttle.py).
+                address = throttle.request_address(request)
+                locked = throttle.key_door_shut(address)
+                if locked is None:
+                    user = await database_sync_to_async(authenticate_key)(raw)
+                    if user is None:
+                        locked = await database_sync_to_async(throttle.bad_key)(address)
+                if locked is not None:
+                    return locked_response(locked)
             if user is None:
                 response = error_response(
                     401,
@@ -114,7 +142,11 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 return error_response(404, "not_found", message)
             except actions.ActionError as exc:
                 kind = "not_found" if exc.code == "not_found" else "invalid_request_error"
-                return error_response(STATUS_BY_CODE.get(exc.code, 400), kind, exc.message)
+                kind = LIMIT_TYPES.get(exc.code, kind)
+                response = error_response(STATUS_BY_CODE.get(exc.code, 400), kind, exc.message)
+                if exc.retry_after is not None:
+                    response["Retry-After"] = str(exc.retry_after)
+                return response
             except BadInput as exc:
                 return error_response(400, "invalid_request_error", exc.message)
             except Exception:

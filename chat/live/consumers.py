@@ -47,7 +47,19 @@ WRITE_ACTIONS = {
     "compact",
     "regenerate",
     "edit_last",
+    "edit",
+    "switch_version",
 }
+
+# Every write action's handler makes one ``_act`` call, which checks access in the same
+# trip to the database thread as the action itself (a send's first token waits for each
+# trip, in line behind every other run's). An action not listed here is checked before
+# its handler runs. (tests/classroom/test_access.py sends each one from a watcher.)
+CHECKED_BY_ACT = WRITE_ACTIONS
+
+
+class _Refused(Exception):
+    """``_act`` found the socket may no longer write to its chat."""
 
 
 def _text(frame: dict[str, Any], name: str) -> str:
@@ -58,6 +70,20 @@ def _text(frame: dict[str, Any], name: str) -> str:
     if not isinstance(value, str):
         raise actions.ActionError(_("“%(name)s” must be text.") % {"name": name})
     return value
+
+
+def _number(frame: dict[str, Any], name: str) -> int:
+    """A whole-number field of a frame (forms send text); anything else is refused."""
+    value = frame.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise actions.ActionError(_("“%(name)s” must be a number.") % {"name": name})
+    try:
+        number = int(value)
+    except ValueError:
+        raise actions.ActionError(_("“%(name)s” must be a number.") % {"name": name}) from None
+    if not 0 <= number < 2**53:
+        raise actions.ActionError(_("“%(name)s” is out of range.") % {"name": name})
+    return number
 
 
 class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
@@ -128,25 +154,30 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await self._notice(_("Unknown action “%(action)s”.") % {"action": action[:40]})
             return
         needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
-        if not await self._allowed(needed):
-            if self.session_ended:  # logged out, password changed, or deactivated
-                await self.close(code=self.session_ended)
-                return
-            if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
-                # A watcher (say, a teacher) keeps the live view; only the write is refused.
-                await self._notice(_("You can only watch this chat."))
-                return
-            await self._notice(_("You can no longer use this chat."))
-            await self.close(code=CLOSE_FORBIDDEN)
+        if action not in CHECKED_BY_ACT and not await self._allowed(needed):
+            await self._refuse(needed)
             return
         try:
             await handler(frame)
+        except _Refused:
+            await self._refuse(needed)
         except actions.ActionError as exc:
             await self._notice(exc.message)
         except Exception:
             # One failed action must not take the socket (and the page's live view) down.
             logger.exception("socket action %r on chat %s failed", action, self.chat_id)
             await self._notice(_("That did not work because of an error on the server; try again."))
+
+    async def _refuse(self, needed: ChatAction) -> None:
+        if self.session_ended:  # logged out, password changed, or deactivated
+            await self.close(code=self.session_ended)
+            return
+        if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
+            # A watcher (say, a teacher) keeps the live view; only the write is refused.
+            await self._notice(_("You can only watch this chat."))
+            return
+        await self._notice(_("You can no longer use this chat."))
+        await self.close(code=CLOSE_FORBIDDEN)
 
     async def _notice(self, message: str) -> None:
         await self.send(text_data=fragments.error_notice(message))
@@ -168,8 +199,14 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         return True
 
     async def _act(self, action, *args: Any, **kwargs: Any) -> Any:
-        """Run one action as this socket's user (as last checked), on this socket's chat."""
-        return await database_sync_to_async(action)(self.user, self.chat_id, *args, **kwargs)
+        """Check that this socket's login may still write here, then run one action as
+        its user on its chat: both in one trip to the database thread."""
+        return await database_sync_to_async(self._checked_act)(action, args, kwargs)
+
+    def _checked_act(self, action, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self._check_access(ChatAction.WRITE):
+            raise _Refused
+        return action(self.user, self.chat_id, *args, **kwargs)
 
     async def do_resync(self, frame: dict[str, Any]) -> None:
         try:
@@ -218,7 +255,19 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         await self._act(actions.request_compaction)
 
     async def do_regenerate(self, frame: dict[str, Any]) -> None:
-        await self._act(actions.regenerate)
+        seq = _number(frame, "seq") if frame.get("seq") not in (None, "") else None
+        await self._act(actions.regenerate, seq)
+
+    async def do_edit(self, frame: dict[str, Any]) -> None:
+        await self._act(
+            actions.edit_message,
+            _number(frame, "seq"),
+            _text(frame, "message"),
+            _text(frame, "client_id"),
+        )
+
+    async def do_switch_version(self, frame: dict[str, Any]) -> None:
+        await self._act(actions.switch_version, _number(frame, "base"), _number(frame, "index"))
 
     async def do_edit_last(self, frame: dict[str, Any]) -> None:
         await self._act(

@@ -52,17 +52,64 @@ def session_user(scope: dict[str, Any]) -> tuple[Any | None, int]:
     key = getattr(session, "session_key", None)
     if opened_as is None or not opened_as.is_authenticated or not key:
         return None, CLOSE_SESSION_ENDED
+    unchanged = _unchanged_since_last_check(scope, key, opened_as)
+    if unchanged is not None:
+        return unchanged, 0
     # A fresh store: the scope's session was loaded (and cached) at connect.
     store = import_module(settings.SESSION_ENGINE).SessionStore(key)
     user = get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]
     if user.is_authenticated and user.pk == opened_as.pk:
+        _remember_check(scope, key, user)
         return user, 0
+    scope.pop(_CHECKED, None)
     if (
         store.get("_auth_user_id") == str(opened_as.pk)
         and get_user_model().objects.filter(pk=opened_as.pk, is_active=False).exists()
     ):
         return None, CLOSE_DEACTIVATED
     return None, CLOSE_SESSION_ENDED
+
+
+# What the last full check saw: (session data, password hash, the user it returned). The
+# full check decodes the session and compares its auth hash with the user's password hash;
+# while neither the session's stored data nor the user's password hash has changed (and
+# the user is still active), its answer still holds, and one statement tells.
+_CHECKED = "lyceum.session_checked"
+
+
+def _unchanged_since_last_check(scope: dict[str, Any], key: str, opened_as: Any) -> Any | None:
+    checked = scope.get(_CHECKED)
+    if checked is None or settings.SESSION_ENGINE != "django.contrib.sessions.backends.db":
+        return None
+    from django.contrib.sessions.models import Session
+    from django.db import connection
+    from django.utils import timezone
+
+    session_data, password, user = checked
+    users = get_user_model()._meta
+    sessions = Session._meta
+    q = connection.ops.quote_name
+    assert users.pk is not None and sessions.db_table and users.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT s.{q('session_data')}, u.{q('password')} "
+            f"FROM {q(sessions.db_table)} s, {q(users.db_table)} u "
+            f"WHERE s.{q('session_key')} = %s AND s.{q('expire_date')} > %s "
+            f"AND u.{q(str(users.pk.column))} = %s AND u.{q('is_active')}",
+            [key, timezone.now(), opened_as.pk],
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] != session_data or row[1] != password:
+        return None
+    return user
+
+
+def _remember_check(scope: dict[str, Any], key: str, user: Any) -> None:
+    from django.contrib.sessions.models import Session
+
+    data = Session.objects.filter(session_key=key).values_list("session_data", flat=True).first()
+    if data is not None:
+        scope[_CHECKED] = (data, user.password, user)
 
 
 def ring_user(user_id: Any) -> None:

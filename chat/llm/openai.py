@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import json
 import random
 import re
+import socket
 import ssl
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -107,17 +109,47 @@ def scrub_secret(text: str, secret: str, min_run: int = 8) -> str:
     return "".join(out)
 
 
+def _network_reason(exc: BaseException) -> str:
+    """The operating system's reason under an httpx failure, in plain words ("" if none)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for candidate in (current, *current.args):
+            if isinstance(candidate, socket.gaierror):
+                return "the host name could not be resolved"
+            if isinstance(candidate, ssl.SSLError):
+                return "the TLS handshake failed"
+            if isinstance(candidate, OSError) and candidate.errno in _ERRNO_REASONS:
+                return _ERRNO_REASONS[candidate.errno]
+        current = current.__cause__ or current.__context__
+    return ""
+
+
+_ERRNO_REASONS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ECONNRESET: "connection reset",
+    errno.EHOSTUNREACH: "no route to the host",
+    errno.ENETUNREACH: "the network is unreachable",
+    errno.ETIMEDOUT: "connection timed out",
+}
+
+
 def _transport_error(exc: Exception) -> ProviderError:
     """httpx failure → category. Never quotes httpx's text: it may carry URLs or headers."""
     kind = type(exc).__name__
+    reason = _network_reason(exc)
     if isinstance(exc, httpx.ConnectTimeout):
         return ProviderError(
             ErrorCategory.UNREACHABLE,
             f"The model provider could not be reached (connection timed out, {kind}).",
+            detail="connection timed out",
         )
     if isinstance(exc, httpx.ConnectError):
         return ProviderError(
-            ErrorCategory.UNREACHABLE, f"The model provider could not be reached ({kind})."
+            ErrorCategory.UNREACHABLE,
+            f"The model provider could not be reached ({reason or kind}).",
+            detail=reason,
         )
     if isinstance(exc, httpx.TimeoutException):
         return ProviderError(ErrorCategory.TIMED_OUT, f"{_msg(ErrorCategory.TIMED_OUT)} ({kind})")
@@ -127,7 +159,9 @@ def _transport_error(exc: Exception) -> ProviderError:
             f"The provider's base URL or settings are not valid ({kind}).",
         )
     return ProviderError(
-        ErrorCategory.UNREACHABLE, f"The connection to the model provider was lost ({kind})."
+        ErrorCategory.UNREACHABLE,
+        f"The connection to the model provider was lost ({kind}).",
+        detail=reason,
     )
 
 
@@ -281,16 +315,15 @@ class OpenAIProvider:
                     decoder.done = True
                 else:
                     reads = response.aiter_bytes()
-                    deadline: float | None = first_byte_deadline
-                    while not decoder.done:
-                        data = await self._read_some(reads, deadline)
-                        deadline = None
-                        events = sse.feed(data) if data else sse.close()
-                        for chunk_dict in decoder.decode(events):
-                            for chunk in accumulator.add(chunk_dict):
-                                yield chunk
-                        if not data:
-                            break
+                    with ReadWatch(first_byte_deadline, self.idle_timeout) as watch:
+                        while not decoder.done:
+                            data = await self._read_some(watch, reads)
+                            events = sse.feed(data) if data else sse.close()
+                            for chunk_dict in decoder.decode(events):
+                                for chunk in accumulator.add(chunk_dict):
+                                    yield chunk
+                            if not data:
+                                break
                     if data:
                         await _drain_after_done(reads)
         except httpx.HTTPError as exc:
@@ -298,16 +331,12 @@ class OpenAIProvider:
         # The upstream response is closed before the caller sees the end of the reply.
         yield accumulator.finish(saw_done=decoder.done)
 
-    async def _read_some(self, reads: AsyncIterator[bytes], deadline: float | None) -> bytes:
+    async def _read_some(self, watch: ReadWatch, reads: AsyncIterator[bytes]) -> bytes:
         """Next bytes of the body (b"" at the end), within the first-byte or idle deadline."""
         try:
-            if deadline is not None:
-                async with asyncio.timeout_at(deadline):
-                    return await anext(reads, b"")
-            async with asyncio.timeout(self.idle_timeout):
-                return await anext(reads, b"")
+            return await watch.read(reads)
         except TimeoutError:
-            if deadline is not None:
+            if not watch.started:
                 raise self._first_byte_timeout_error() from None
             raise ProviderError(
                 ErrorCategory.TIMED_OUT,
@@ -479,7 +508,70 @@ class OpenAIProvider:
             status=error.status,
             retry_after=error.retry_after,
             streamed=streamed or error.streamed,
+            detail=error.detail,
         )
+
+
+class ReadWatch:
+    """The first-byte and idle deadlines of one streamed body, kept by one timer.
+
+    A stream reads once per token or so; an ``asyncio.timeout`` around each read (a
+    context, a timer handle scheduled and cancelled) cost more than the read's own
+    parsing. Here a read only notes when it started; one timer per stream wakes at the
+    deadline and, if the read that was pending then is still pending, cancels it, which
+    :meth:`read` turns into ``TimeoutError`` (as ``asyncio.timeout`` does). Time spent
+    outside a read (the caller handling what it got) never counts.
+    """
+
+    def __init__(self, first_byte_deadline: float, idle_timeout: float) -> None:
+        self._first_byte_deadline = first_byte_deadline
+        self._idle = idle_timeout
+        self.started = False  # some bytes came
+        self._reading_since: float | None = None
+        self._fired = False
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> ReadWatch:
+        self._task = asyncio.current_task()
+        self._timer = self._loop.call_at(self._first_byte_deadline, self._check)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    async def read(self, reads: AsyncIterator[bytes]) -> bytes:
+        self._reading_since = self._loop.time()
+        try:
+            data = await anext(reads, b"")
+        except asyncio.CancelledError:
+            if self._fired and self._task is not None and self._task.uncancel() == 0:
+                self._fired = False
+                raise TimeoutError from None
+            raise
+        finally:
+            self._reading_since = None
+        if not self.started:  # from now on the idle deadline, not the first byte's
+            self.started = True
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self._loop.call_at(self._loop.time() + self._idle, self._check)
+        return data
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self._reading_since
+        if since is None:  # between reads: look again one idle period on
+            due = now + self._idle
+        else:
+            due = since + self._idle if self.started else self._first_byte_deadline
+            if now >= due and self._task is not None:
+                self._fired = True
+                self._task.cancel()
+                return
+        self._timer = self._loop.call_at(due, self._check)
 
 
 async def _drain_after_done(reads: AsyncIterator[bytes]) -> None:

@@ -131,12 +131,14 @@ class ProviderError(Exception):
         status: int | None = None,
         retry_after: float | None = None,
         streamed: bool = False,
+        detail: str = "",
     ) -> None:
         self.category = ErrorCategory(category)
         self.message = message or USER_MESSAGES[self.category]
         self.status = status
         self.retry_after = retry_after
         self.streamed = streamed  # True when text had already been streamed before the failure
+        self.detail = detail  # a network failure in plain words ("connection refused"), or ""
         super().__init__(f"{self.category}: {self.message}")
 
 

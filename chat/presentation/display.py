@@ -20,6 +20,7 @@ from django.utils.functional import cached_property
 from django.utils.translation import get_language, gettext, gettext_noop
 
 from chat.core import eventlog
+from chat.core.branches import Versions
 from chat.core.messages import ChatMessage
 from chat.presentation.markdown import (
     HtmlCache,
@@ -42,6 +43,10 @@ ITEM_KINDS = {
     "scene",
     "artifact",
 }
+# Items that can carry a switcher of versions (the first shown after a branch point), by
+# their event kind and by their item kind.
+VERSION_EVENTS = ("msg", "error", "cancelled")
+VERSION_ITEMS = {"user", "assistant_text", "tool_call_request", "error", "cancelled"}
 CALL_EVENT_KINDS = ("tool_start", "tool_end", "approval_required", "approval_decided")
 # Tools whose approval shows the file written rather than the raw arguments.
 FILE_WRITING_TOOLS = {"write_file"}
@@ -136,6 +141,7 @@ class DisplayItem:
     message: ChatMessage | None = None
     calls: list[CallState] = field(default_factory=list)
     queued: bool = False
+    versions: Versions | None = None  # its switcher, when the item is one of several versions
 
     @property
     def template(self) -> str:
@@ -168,7 +174,17 @@ class DisplayItem:
         calls = ";".join(
             f"{c.status},{c.approval is not None:d},{c.decision is not None:d}" for c in self.calls
         )
-        return f"{self.queued:d}|{calls}"
+        shown = self.versions
+        versions = f"{shown.base},{shown.index},{shown.count}" if shown else ""
+        return f"{self.queued:d}|{calls}|{versions}"
+
+    @property
+    def is_reply(self) -> bool:
+        """A reply a run streamed (the main agent's or a voice's): it can be regenerated."""
+        message = self.message
+        if message is None or message.role != "assistant" or not message.extra.get("run_id"):
+            return False
+        return not message.sender_name or "voice" in message.extra
 
     @cached_property
     def html(self) -> str:

@@ -8,6 +8,8 @@ Rendering uses the same partials as the full page.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any
@@ -17,12 +19,40 @@ from django.utils.translation import get_language, gettext
 
 from chat import artifacts, store
 from chat.catalog import available_models
+from chat.core import branches
 from chat.core.voices import Voices, VoiceSplitter
-from chat.presentation import display
+from chat.presentation import display, pages
 from chat.presentation.markdown import render_markdown_uncached
 from chat.store import StoredEvent
 
+logger = logging.getLogger(__name__)
+
 TERMINAL = {"complete", "cancelled", "error"}
+
+# Another app's out-of-band fragments for display events of a kind (the classroom's
+# scene panel and cast, pushed with a scene marker), registered in its ``ready()``:
+# chat never imports those apps. Called with the chat's id and the batch's last event
+# of the kind; it renders the state as it is now, so a resync from the log shows it too.
+EventFragment = Callable[[str, StoredEvent], str]
+_event_fragments: dict[str, EventFragment] = {}
+
+
+def register_event_fragment(kind: str, render: EventFragment) -> None:
+    _event_fragments[kind] = render
+
+
+def _registered_fragments(events: list[StoredEvent], chat_id: str) -> list[str]:
+    last: dict[str, StoredEvent] = {}
+    for event in events:
+        if event.kind in _event_fragments:
+            last[event.kind] = event
+    parts = []
+    for kind, event in last.items():
+        try:
+            parts.append(_event_fragments[kind](chat_id, event))
+        except Exception:  # noqa: BLE001 - another app's panel must not stop the chat's push
+            logger.warning("%s fragment for chat %s failed", kind, chat_id, exc_info=True)
+    return parts
 
 
 def _oob(template: str, **context: Any) -> str:
@@ -151,6 +181,9 @@ def _status_for(event: StoredEvent) -> str | None:
 
 def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
     """What to push for display events just written (oldest first)."""
+    if any(event.kind in branches.KINDS for event in events):
+        # The path changed (an edit, a regeneration, a switch of version): the whole list.
+        return pages.message_list(chat_id, events[-1].seq) + seq_marker(events[-1].seq)
     parts: list[str] = []
     items_html: list[str] = []
     status: str | None = None
@@ -162,6 +195,9 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             items_html.clear()
 
     ended = False  # a run ended in this batch: what it closes after does not bring it back
+    new_items = [item for event in events if (item := display.item_from_event(event))]
+    pages.mark_new_versions(chat_id, new_items, events[0].seq if events else 0)
+    made = {item.seq: item for item in new_items}
     for event in events:
         if (text := _status_for(event)) is not None and (not ended or event.kind == "run_start"):
             status = text
@@ -169,7 +205,7 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             busy, ended = True, False
         elif event.kind in TERMINAL:
             status, busy, ended = "", False, True
-        item = display.item_from_event(event)
+        item = made.get(event.seq)
         if item is not None:
             items_html.append(display.render_item(item, chat_id=chat_id))
             if _is_main_reply(event) or event.kind in TERMINAL:
@@ -208,6 +244,8 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
         parts.append(controls(busy, chat_id))
     if any(_changes_artifacts(event) for event in events):
         parts.append(artifacts_panel(chat_id))
+    if _event_fragments:
+        parts.extend(_registered_fragments(events, chat_id))
     if events:
         parts.append(seq_marker(events[-1].seq))
     return "".join(parts)
@@ -243,5 +281,14 @@ def next_batch(chat_id: str, after_seq: int) -> tuple[list[StoredEvent], str]:
     Read and rendered in one go, so the socket makes one trip to the database thread
     per batch of a resync.
     """
-    events = store.display_events_after(chat_id, after_seq, REPLAY_BATCH)
+    shape = store.branch_shape(chat_id)
+    if shape.last_seq > after_seq:
+        # The path changed since: the page gets the list of the path now, and the cursor
+        # moves past the change (a marker event, shown as nothing).
+        upto = store.last_display_seq(chat_id)
+        page = pages.page_of_items(chat_id, upto + 1, shape=shape)
+        shown = [StoredEvent(i.seq, "msg", i.payload) for i in page.items if i.message]
+        html = pages.message_list(chat_id, upto, shape) + seq_marker(upto)
+        return [*shown, StoredEvent(upto, "path", {})], html
+    events = store.display_events_after(chat_id, after_seq, REPLAY_BATCH, shape=shape)
     return events, fragments_for_events(events, chat_id) if events else ""

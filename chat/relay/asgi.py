@@ -23,6 +23,7 @@ from typing import Any
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
+from chat import throttle
 from chat.relay import service
 from chat.relay.service import RelayError
 
@@ -136,7 +137,7 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
             raise _MethodNotAllowed(method)
         scheme, _, raw = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
         raw = raw.strip() if scheme.lower() == "bearer" else ""
-        api_key = await service.authenticated(raw)
+        api_key = await service.authenticated(raw, throttle.scope_address(scope, headers))
         if method == "GET":
             await _models(send)
         else:

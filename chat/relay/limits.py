@@ -15,6 +15,11 @@ transaction with the scopes' ``UsageCounter`` rows locked (``select_for_update``
 IMMEDIATE transactions serialise it the same way). Chat runs add their tokens with
 :func:`add_used` and are checked with :func:`check_run`: the same budget for the UI and
 the relay.
+
+The same buckets guard the other doors (``chat/throttle.py``: sign-in, bad API keys;
+``chat/quotas.py``: messages per user): :func:`take` one request from a bucket that may
+have a *lockout* (once refused, it stays shut that long, however slowly the caller
+retries), :func:`reset` it, or :func:`give_back` a request that turned out fine.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q, Sum
+from django.db.models.functions import Least
 
 from chat.models import RelayLimit, UsageCounter, UsageRecord
 from chat.relay import ttlcache
@@ -37,10 +43,11 @@ from chat.relay import ttlcache
 
 @dataclass(frozen=True)
 class Policy:
-    scope: str  # "user:<id>" or "key:<id>"
-    requests_per_minute: int
+    scope: str  # "user:<id>", "key:<id>", or a door's ("login:user:<hash>", ...)
+    requests_per_minute: float
     burst: int
     monthly_tokens: int  # 0: no budget
+    lockout: float = 0.0  # seconds a refused bucket stays shut (0: until a request refills)
 
 
 class Refused(Exception):
@@ -72,6 +79,19 @@ def policies_for(user: Any, api_key: Any = None) -> list[Policy]:
     if "key" in rows:
         policies.append(_policy(f"key:{api_key.pk}", rows["key"]))
     return policies
+
+
+def user_policy(user_id: Any) -> Policy:
+    """The user's own limits (no API key's), kept a few seconds like the relay's.
+
+    Every chat send and run end asks for it; a changed limit takes effect within
+    ``LYCEUM_RELAY_CACHE_SECONDS``, as in the relay.
+    """
+
+    def load() -> Policy:
+        return _policy(f"user:{user_id}", RelayLimit.objects.filter(user_id=user_id).first())
+
+    return ttlcache.cached(("user-policy", user_id), load)
 
 
 def _policy(scope: str, row: RelayLimit | None) -> Policy:
@@ -151,11 +171,38 @@ def add_used(policies: list[Policy], used: int) -> None:
         _change(policies, period_of(), used=used, held=0)
 
 
-def check_run(user: Any) -> None:
+def check_run(user_id: Any) -> None:
     """Refuse a chat run when the user's budget is spent (the bucket is the relay's alone)."""
-    policy = policies_for(user)[0]
+    policy = user_policy(user_id)
     if policy.monthly_tokens:
         admit([policy], 1, take=False, hold=False)
+
+
+def take(policy: Policy) -> None:
+    """Take one request from ``policy``'s bucket, or raise :class:`Refused` (a refusal
+    starts the policy's lockout)."""
+    admit([policy], 0, take=True, hold=False)
+
+
+def reset(policy: Policy) -> None:
+    """Fill ``policy``'s bucket again and lift its lockout (a sign-in that succeeded)."""
+    if settings.REDIS_URL:
+        _redis().delete(_bucket_key(policy.scope))
+        return
+    UsageCounter.objects.filter(scope=policy.scope, period=period_of()).update(
+        bucket=-1.0, bucket_at=0.0, locked_until=0.0
+    )
+
+
+def give_back(policy: Policy) -> None:
+    """Return one request to ``policy``'s bucket (taken for a request that turned out fine);
+    a lockout already started stays."""
+    if settings.REDIS_URL:
+        _redis().register_script(_GIVE_BACK)(keys=[_bucket_key(policy.scope)], args=[policy.burst])
+        return
+    UsageCounter.objects.filter(scope=policy.scope, period=period_of(), bucket__gte=0).update(
+        bucket=Least(F("bucket") + 1, float(policy.burst))
+    )
 
 
 def _change(policies: list[Policy], period: str, *, used: int, held: int) -> None:
@@ -199,25 +246,52 @@ def _db_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: 
         counters = [_locked_counter(p, period) for p in policies]
         wait, reason = 0.0, ""
         levels = []
+        shut: list[int] = []  # counters whose lockout this refusal starts
         for policy, counter in zip(policies, counters, strict=True):
             level = _refill(policy, counter.bucket, counter.bucket_at, now)
             levels.append(level)
-            if take and level < 1:
-                wait = max(wait, (1 - level) * 60 / policy.requests_per_minute)
+            if take and counter.locked_until > now:
+                wait = max(wait, counter.locked_until - now)
+                reason = reason or "rate_limit"
+            elif take and level < 1:
+                if policy.lockout:
+                    shut.append(counter.pk)
+                    wait = max(wait, policy.lockout)
+                else:
+                    wait = max(wait, (1 - level) * 60 / policy.requests_per_minute)
                 reason = reason or "rate_limit"
             budget = policy.monthly_tokens
             if budget and counter.used_tokens + counter.reserved_tokens + cost > budget:
                 reason = "budget"
         if reason:
-            raise _refusal(reason, wait)
-        for policy, counter, level in zip(policies, counters, levels, strict=True):
-            updates: dict[str, Any] = {}
-            if take:
-                updates.update(bucket=level - 1, bucket_at=now)
-            if hold and policy.monthly_tokens:
-                updates["reserved_tokens"] = F("reserved_tokens") + cost
-            if updates:
-                UsageCounter.objects.filter(pk=counter.pk).update(**updates)
+            for policy, counter in zip(policies, counters, strict=True):
+                if counter.pk in shut:
+                    UsageCounter.objects.filter(pk=counter.pk).update(
+                        locked_until=now + policy.lockout
+                    )
+        else:
+            _db_take(policies, counters, levels, now, cost, take, hold)
+    if reason:  # raised out of the block, the lockout just written would be rolled back
+        raise _refusal(reason, wait)
+
+
+def _db_take(
+    policies: list[Policy],
+    counters: list[UsageCounter],
+    levels: list[float],
+    now: float,
+    cost: int,
+    take: bool,
+    hold: bool,
+) -> None:
+    for policy, counter, level in zip(policies, counters, levels, strict=True):
+        updates: dict[str, Any] = {}
+        if take:
+            updates.update(bucket=level - 1, bucket_at=now)
+        if hold and policy.monthly_tokens:
+            updates["reserved_tokens"] = F("reserved_tokens") + cost
+        if updates:
+            UsageCounter.objects.filter(pk=counter.pk).update(**updates)
 
 
 def _refill(policy: Policy, bucket: float, at: float, now: float) -> float:
@@ -231,11 +305,10 @@ def _locked_counter(policy: Policy, period: str) -> UsageCounter:
     row = counter.first()
     if row is not None:
         return row
+    seed = used_in_period(policy.scope, period) if policy.monthly_tokens else 0
     try:
         with transaction.atomic():
-            UsageCounter.objects.create(
-                scope=policy.scope, period=period, used_tokens=used_in_period(policy.scope, period)
-            )
+            UsageCounter.objects.create(scope=policy.scope, period=period, used_tokens=seed)
     except IntegrityError:
         pass  # another request created it first
     return counter.get()
@@ -244,22 +317,31 @@ def _locked_counter(policy: Policy, period: str) -> UsageCounter:
 # --- Redis ----------------------------------------------------------------------------------
 
 # KEYS: bucket and budget key of each policy. ARGV: now, cost, take, hold, then per policy
-# rpm, burst, budget. Returns {1} (admitted), {0, reason, wait} or {-1, i} (seed budget i).
+# rpm, burst, budget, lockout. Returns {1} (admitted), {0, reason, wait} or {-1, i} (seed
+# budget i). A refused bucket with a lockout is shut until now + lockout ('until').
 _ADMIT = """
 local now, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
 local take, hold = ARGV[3] == '1', ARGV[4] == '1'
 local n = #KEYS / 2
-local levels, wait, reason = {}, 0, ''
+local levels, shut, wait, reason = {}, {}, 0, ''
 for i = 1, n do
-  local rpm, burst = tonumber(ARGV[2 + 3 * i]), tonumber(ARGV[3 + 3 * i])
-  local budget = tonumber(ARGV[4 + 3 * i])
+  local rpm, burst = tonumber(ARGV[1 + 4 * i]), tonumber(ARGV[2 + 4 * i])
+  local budget, lockout = tonumber(ARGV[3 + 4 * i]), tonumber(ARGV[4 + 4 * i])
   if take then
-    local b = redis.call('HMGET', KEYS[2 * i - 1], 'level', 'at')
-    local level, at = tonumber(b[1]), tonumber(b[2])
+    local b = redis.call('HMGET', KEYS[2 * i - 1], 'level', 'at', 'until')
+    local level, at, locked = tonumber(b[1]), tonumber(b[2]), tonumber(b[3]) or 0
     if level == nil then level = burst else level = math.min(burst, level + math.max(0, now - at) * rpm / 60) end
     levels[i] = level
-    if level < 1 then
-      wait = math.max(wait, (1 - level) * 60 / rpm)
+    if locked > now then
+      wait = math.max(wait, locked - now)
+      if reason == '' then reason = 'rate_limit' end
+    elseif level < 1 then
+      if lockout > 0 then
+        shut[#shut + 1] = i
+        wait = math.max(wait, lockout)
+      else
+        wait = math.max(wait, (1 - level) * 60 / rpm)
+      end
       if reason == '' then reason = 'rate_limit' end
     end
   end
@@ -269,16 +351,33 @@ for i = 1, n do
     if tonumber(u[1]) + (tonumber(u[2]) or 0) + cost > budget then reason = 'budget' end
   end
 end
-if reason ~= '' then return {0, reason, tostring(wait)} end
+if reason ~= '' then
+  for _, i in ipairs(shut) do
+    local rpm, burst = tonumber(ARGV[1 + 4 * i]), tonumber(ARGV[2 + 4 * i])
+    local lockout = tonumber(ARGV[4 + 4 * i])
+    redis.call('HSET', KEYS[2 * i - 1], 'until', tostring(now + lockout))
+    redis.call('EXPIRE', KEYS[2 * i - 1], math.ceil(lockout + burst * 60 / rpm) + 60)
+  end
+  return {0, reason, tostring(wait)}
+end
 for i = 1, n do
-  local rpm, burst = tonumber(ARGV[2 + 3 * i]), tonumber(ARGV[3 + 3 * i])
+  local rpm, burst = tonumber(ARGV[1 + 4 * i]), tonumber(ARGV[2 + 4 * i])
   if take then
     redis.call('HSET', KEYS[2 * i - 1], 'level', tostring(levels[i] - 1), 'at', tostring(now))
     redis.call('EXPIRE', KEYS[2 * i - 1], math.ceil(burst * 60 / rpm) + 60)
   end
-  if hold and tonumber(ARGV[4 + 3 * i]) > 0 then redis.call('HINCRBY', KEYS[2 * i], 'held', cost) end
+  if hold and tonumber(ARGV[3 + 4 * i]) > 0 then redis.call('HINCRBY', KEYS[2 * i], 'held', cost) end
 end
 return {1}
+"""
+
+# KEYS: a bucket. ARGV: its burst. One request back, when the bucket exists.
+_GIVE_BACK = """
+local level = tonumber(redis.call('HGET', KEYS[1], 'level'))
+if level ~= nil then
+  redis.call('HSET', KEYS[1], 'level', tostring(math.min(tonumber(ARGV[1]), level + 1)))
+end
+return 1
 """
 
 
@@ -297,6 +396,10 @@ def _prefix() -> str:
     return f"{settings.LYCEUM_REDIS_PREFIX}:relay"
 
 
+def _bucket_key(scope: str) -> str:
+    return f"{_prefix()}:bucket:{scope}"
+
+
 def _budget_key(scope: str, period: str) -> str:
     return f"{_prefix()}:budget:{scope}:{period}"
 
@@ -306,8 +409,13 @@ def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hol
     keys: list[str] = []
     args: list[Any] = [repr(time.time()), cost, int(take), int(hold)]
     for policy in policies:
-        keys += [f"{_prefix()}:bucket:{policy.scope}", _budget_key(policy.scope, period)]
-        args += [policy.requests_per_minute, policy.burst, policy.monthly_tokens]
+        keys += [_bucket_key(policy.scope), _budget_key(policy.scope, period)]
+        args += [
+            repr(float(policy.requests_per_minute)),
+            policy.burst,
+            policy.monthly_tokens,
+            repr(float(policy.lockout)),
+        ]
     script = client.register_script(_ADMIT)
     for _ in range(len(policies) + 1):
         result = script(keys=keys, args=args)

@@ -28,7 +28,9 @@ from typing import Any
 
 import httpx
 from django.conf import settings
+from django.utils.translation import gettext
 
+from chat import throttle
 from chat.apikeys import authenticate_api_key, hash_key
 from chat.catalog import ModelChoice, available_models
 from chat.core.tokens import estimate_text_tokens, estimate_tokens
@@ -739,21 +741,43 @@ def finish(prep: Prepared, outcome: Outcome) -> UsageRecord:
     return record
 
 
-async def authenticated(raw_key: str) -> ApiKey:
+async def authenticated(raw_key: str, address: str = "") -> ApiKey:
     """The key from memory in the event loop when held, else loaded once on the database
-    thread for every request that asks for it meanwhile. No key, no lookup."""
+    thread for every request that asks for it meanwhile. No key, no lookup; an address
+    shut for sending bad keys (``chat/throttle.py``) gets none either, unless its key is
+    held in memory as a good one."""
+    from channels.db import database_sync_to_async
+
     if not raw_key:
         return _key_or_error(None)
     writer.ensure_running()
     name = ("key", hash_key(raw_key))
     hit, key = ttlcache.peek(name, lambda: authenticate_api_key(raw_key))
+    if hit and key is not None:
+        return key
+    _refuse_if_shut(throttle.key_door_shut(address))
     if not hit:
         if settings.LYCEUM_RELAY_CACHE_SECONDS <= 0:
-            from channels.db import database_sync_to_async
-
-            return await database_sync_to_async(authenticate)(raw_key)
-        key = await ttlcache.fill(name, lambda: authenticate_api_key(raw_key))
+            key = await database_sync_to_async(authenticate_api_key)(raw_key)
+        else:
+            key = await ttlcache.fill(name, lambda: authenticate_api_key(raw_key))
+    if key is None:
+        _refuse_if_shut(await database_sync_to_async(throttle.bad_key)(address))
     return _key_or_error(key)
+
+
+def _refuse_if_shut(locked: throttle.Locked | None) -> None:
+    if locked is not None:
+        raise RelayError(
+            429,
+            gettext(
+                "Too many requests with a wrong API key from your address; try again in %(s)d s."
+            )
+            % {"s": locked.retry_after},
+            "rate_limit_error",
+            "rate_limit_exceeded",
+            retry_after=locked.retry_after,
+        )
 
 
 def _warm(api_key: ApiKey, data: dict[str, Any], miss: ttlcache.Miss) -> bool:

@@ -18,28 +18,33 @@ from chat.relay import limits
 def record_run_usage(run: Run, usage: Usage, status: str) -> None:
     """A finished chat run counts against its owner's budget, like a relay request.
 
-    Called inside ``finish_run``'s transaction, once per run (the record is unique per run).
+    Called inside ``finish_run``'s transaction, once per run (only the call that moved the
+    run to its terminal state gets here, so a plain insert: the record is unique per run).
+    The budget's counter is touched only when the owner has a budget; a counter created
+    later is seeded from these records (``limits.used_in_period``).
     """
-    owner_id = Run.objects.filter(pk=run.pk).values_list("chat__owner_id", flat=True).first()
+    owner_id: int | None
+    if Run.chat.is_cached(run):  # type: ignore[attr-defined]
+        owner_id = run.chat.owner_id
+    else:
+        owner_id = Run.objects.filter(pk=run.pk).values_list("chat__owner_id", flat=True).first()
     if owner_id is None:
         return
-    _record, created = UsageRecord.objects.get_or_create(
+    UsageRecord.objects.create(
         run_id=run.pk,
-        defaults={
-            "user_id": owner_id,
-            "source": UsageRecord.Source.CHAT,
-            "model": run.model,
-            "stream": True,
-            "status": "ok" if status == Run.Status.COMPLETED else str(status),
-            "prompt_tokens": usage.input_tokens,
-            "completion_tokens": usage.output_tokens,
-            "estimated": usage.estimated,
-        },
+        user_id=owner_id,
+        source=UsageRecord.Source.CHAT,
+        model=run.model,
+        stream=True,
+        status="ok" if status == Run.Status.COMPLETED else str(status),
+        prompt_tokens=usage.input_tokens,
+        completion_tokens=usage.output_tokens,
+        estimated=usage.estimated,
     )
     total = usage.input_tokens + usage.output_tokens
-    if created and total:
-        policies = [limits.Policy(f"user:{owner_id}", 1, 1, 1)]  # only the scope counts here
-        limits.add_used(policies, total)
+    policy = limits.user_policy(owner_id)
+    if total and policy.monthly_tokens:
+        limits.add_used([policy], total)
 
 
 @dataclass(frozen=True)

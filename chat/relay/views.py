@@ -20,6 +20,7 @@ from django.http import (
 )
 from django.views.decorators.csrf import csrf_exempt
 
+from chat import throttle
 from chat.relay import service
 from chat.relay.service import RelayError
 
@@ -54,7 +55,8 @@ def relay_view(*, method: str) -> Callable[[View], View]:
                     return response
                 scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
                 raw = raw.strip() if scheme.lower() == "bearer" else ""
-                request.relay_key = await service.authenticated(raw)  # type: ignore[attr-defined]
+                address = throttle.request_address(request)
+                request.relay_key = await service.authenticated(raw, address)  # type: ignore[attr-defined]
                 return await view(request, *args, **kwargs)
             except RelayError as exc:
                 return error_response(exc)

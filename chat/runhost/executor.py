@@ -32,7 +32,7 @@ from chat import store
 from chat.agent import events as ev
 from chat.agent.builtin_tools import default_registry
 from chat.agent.hooks import HookRegistry
-from chat.agent.loop import AgentLoop, Decision, LoopConfig, LoopOutcome
+from chat.agent.loop import AgentLoop, Decision, LoopConfig, LoopOutcome, QueuedText
 from chat.agent.registry import ToolRegistry
 from chat.agent.subagent import DELEGATE
 from chat.catalog import ResolvedModel, UnknownModel, close_providers, resolve_model
@@ -42,7 +42,7 @@ from chat.live.doorbell import run_control_group
 from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError
 from chat.models import ChatSession, ChatToolGrant, Run
 from chat.runhost import titles, transitions
-from chat.runhost.host import DjangoRunHost, partial_message
+from chat.runhost.host import DjangoRunHost, partial_message, take_queued_inputs
 from chat.runhost.keeper import KeptRun, keeper
 from chat.runhost.setup import RunSetup, setup_for
 from chat.runhost.workspace import ArtifactWorkspace
@@ -239,6 +239,10 @@ class Prepared:
     max_rounds: int
     resume: tuple[ChatMessage, dict[str, Decision]] | None
     setup: RunSetup
+    # A new run's inputs, taken with its claim: the loop's first round takes them
+    # first thing, and a trip to the database thread less is one wait less in line
+    # for a burst of sends. (A resumed run may suspend again before taking any.)
+    queued: list[QueuedText] | None = None
 
 
 @lru_cache(maxsize=1)
@@ -297,6 +301,7 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         max_rounds=setup.max_rounds,
         setup=setup,
         resume=resume_state,
+        queued=None if resume else take_queued_inputs(chat.pk, run),
     )
 
 
@@ -315,6 +320,7 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     # the task has a context of its own (_background), so this stays within the run.
     translation.activate(prepared.chat.language or settings.LANGUAGE_CODE)
     host = DjangoRunHost(prepared.run, prepared.context)
+    host.prefetched_queue = prepared.queued
     _hosts[run_id] = host
     host.grants = prepared.grants
     setup = prepared.setup

@@ -82,6 +82,8 @@ class DjangoRunHost:
         self.partial = ("", "")
         self.markdown = StreamingMarkdown()
         self.voices = Voices.from_names(run.speakers)
+        # Inputs taken in the run's claim transaction, for the loop's first take.
+        self.prefetched_queue: list[QueuedText] | None = None
         self.voice_markdown: list[StreamingMarkdown] = []
         self.voice_html: list[tuple[str, str]] = []  # per reply: (its text, its HTML)
         self.voice_splitter: VoiceSplitter | None = None
@@ -333,25 +335,10 @@ class DjangoRunHost:
         return out
 
     async def take_queued(self) -> list[QueuedText]:
-        return await database_sync_to_async(self._take_queued)()
-
-    def _take_queued(self) -> list[QueuedText]:
-        waiting = QueuedInput.objects.filter(chat_id=self.chat_id, consumed=False)
-        if not waiting.exists():  # the usual case: no write lock for it (SQLite takes one)
-            return []
-        with transaction.atomic():
-            rows = list(
-                QueuedInput.objects.select_for_update()
-                .filter(chat_id=self.chat_id, consumed=False)
-                .order_by("pk")
-            )
-            QueuedInput.objects.filter(pk__in=[r.pk for r in rows]).update(
-                consumed=True, run=self.run
-            )
-        return [
-            QueuedText(r.content, r.display_seq or 0, artifacts.images_for_model(r.images))
-            for r in rows
-        ]
+        if self.prefetched_queue is not None:  # taken with the run's claim (executor)
+            queued, self.prefetched_queue = self.prefetched_queue, None
+            return queued
+        return await database_sync_to_async(take_queued_inputs)(self.chat_id, self.run)
 
     async def system_prompt(self) -> str:
         today = timezone.now().strftime("%A %d %B %Y")
@@ -444,4 +431,22 @@ def partial_message(
             extra={"ended": status, "voice": index},
         )
         for index, (speaker, said) in enumerate(replies)
+    ]
+
+
+def take_queued_inputs(chat_id, run: Run) -> list[QueuedText]:
+    """The chat's inputs no run has taken yet, now taken by ``run`` (oldest first)."""
+    waiting = QueuedInput.objects.filter(chat_id=chat_id, consumed=False)
+    if not waiting.exists():  # the usual case: no write lock for it (SQLite takes one)
+        return []
+    with transaction.atomic(savepoint=False):  # in the claim's transaction: no savepoint
+        rows = list(
+            QueuedInput.objects.select_for_update()
+            .filter(chat_id=chat_id, consumed=False)
+            .order_by("pk")
+        )
+        QueuedInput.objects.filter(pk__in=[r.pk for r in rows]).update(consumed=True, run=run)
+    return [
+        QueuedText(r.content, r.display_seq or 0, artifacts.images_for_model(r.images))
+        for r in rows
     ]

@@ -123,6 +123,11 @@
   // One id per message typed, so a double click or a resend stores it once.
   document.addEventListener("htmx:wsConfigSend", (event) => {
     const form = event.detail.elt;
+    // An edit is a message too: one id per edit form, so a double click sends it once.
+    if (form && form.classList && form.classList.contains("edit-form")) {
+      if (!form.dataset.clientId) form.dataset.clientId = newId();
+      event.detail.parameters.client_id = form.dataset.clientId;
+    }
     if (form && form.id === "composer") {
       const text = (event.detail.parameters.message || "").trim();
       if (!text) { event.preventDefault(); return; }

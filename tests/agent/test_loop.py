@@ -144,7 +144,8 @@ async def test_plain_text_answer_streams_and_lands_in_both_channels(root: Path) 
     assert usage_event.context_window == 32_000
 
     final = assistant("Hi there, friend!", reasoning_content="Greet back.")
-    assert host.channels.context == [user("Hello"), final]
+    # Context marks the message with its display seq (edits and regenerations find it).
+    assert host.channels.context == [user("Hello", extra={"input_seq": 1}), final]
     assert host.channels.display == [user("Hello"), final]
     assert host.persisted == host.channels.context
     assert loop.partial_text == ""  # nothing half-streamed is left once the reply is stored
@@ -647,7 +648,8 @@ async def test_auto_compaction_replaces_context_with_a_summary(root: Path) -> No
 
     [restored] = host.restores
     before = len(history) + 1
-    assert restored == compact.compacted_context(history + [user("q7")], "SUMMARY OF EVERYTHING")
+    q7 = user("q7", extra={"input_seq": 13})
+    assert restored == compact.compacted_context(history + [q7], "SUMMARY OF EVERYTHING")
     assert [m.content for m in restored[:5]] == [m.content for m in (history + [user("q7")])[-9::2]]
     assert host.channels.context == restored + [assistant("a7")]
     assert host.persisted == host.channels.context
@@ -720,8 +722,8 @@ async def test_a_failed_summary_leaves_the_list_uncompacted(root: Path) -> None:
 
     assert outcome.text == "a7"
     assert not host.restores and not host.events_of(ev.Compacted)
-    assert provider.stream_requests[0].messages == history + [user("q7")]
-    assert host.channels.context == history + [user("q7"), assistant("a7")]
+    assert provider.stream_requests[0].messages == history + [user("q7", extra={"input_seq": 13})]
+    assert host.channels.context == history + [user("q7", extra={"input_seq": 13}), assistant("a7")]
 
 
 async def test_compact_now_takes_the_same_path(root: Path) -> None:

@@ -486,49 +486,7 @@ def test_delete_after_confirmation(page, serve, alice):
     assert response.status == 404
 
 
-# --- 11: regenerate and edit ------------------------------------------------------------------
-
-
-def test_regenerate_keeps_the_earlier_reply(page, serve, alice):
-    base = serve()
-    login(page, base, "alice")
-    new_chat(page, base)
-    send(page, "hello regenerate")
-    wait_replies(page, 1)
-    first_seq = replies(page).first.get_attribute("data-seq")
-
-    page.get_by_role("button", name="Regenerate").click()
-    expect(messages(page).get_by_role("note").last).to_have_text("Regenerating the last reply.")
-    wait_replies(page, 2)
-    expect(replies(page)).to_have_count(2)
-    assert replies(page).first.get_attribute("data-seq") == first_seq
-    expect(replies(page).last).to_contain_text("you wrote “hello regenerate”")
-    expect(messages(page).locator(".msg.user")).to_have_count(1)
-
-
-def test_edit_and_resend_the_last_message(page, serve, alice):
-    base = serve()
-    login(page, base, "alice")
-    new_chat(page, base)
-    send(page, "hello edti")
-    wait_replies(page, 1)
-    original = messages(page).locator(".msg.user").last
-    original_id = original.get_attribute("id")
-
-    original.get_by_text("Edit", exact=True).click()
-    original.get_by_role("textbox", name="Edited message").fill("hello edit")
-    original.get_by_role("button", name="Save and resend").click()
-
-    users = messages(page).locator(".msg.user")
-    expect(users).to_have_count(2, timeout=WAIT_MS)
-    edited = users.last
-    expect(edited.locator(".bubble")).to_have_text("hello edit")
-    expect(edited.locator(".badge")).to_contain_text("edited")
-    link = edited.get_by_role("link", name="earlier version")
-    assert link.get_attribute("href") == f"#{original_id}"
-    wait_replies(page, 2)
-    expect(replies(page).last).to_contain_text("you wrote “hello edit”")
-    expect(replies(page).first).to_contain_text("you wrote “hello edti”")
+# --- 11: regenerate and edit: versions and branches, tests/everyday/test_branches_page.py ------
 
 
 # --- 12, 13: code blocks, context gauge and compaction -----------------------------------------

@@ -66,6 +66,8 @@ def teacher_urls(w) -> list[tuple[str, str]]:
         ("post", f"/classes/{c}/code/"),
         ("post", f"/classes/{c}/archive/"),
         ("post", f"/classes/{c}/roster/{e}/remove/"),
+        ("post", f"/classes/{c}/co-teachers/add/"),
+        ("post", f"/classes/{c}/co-teachers/{w['other_teacher'].pk}/remove/"),
     ]
 
 
@@ -226,3 +228,42 @@ def test_the_forms_report_problems_clearly(world, make_user):
         follow=True,
     )
     assert "The class already has a persona named ADA." in response.content.decode()
+
+
+async def test_every_write_action_of_a_watcher_is_refused_and_changes_nothing(world):
+    """The socket checks a write in the action's own database trip: each one refused."""
+    from chat.live.consumers import WRITE_ACTIONS
+    from chat.models import ChatEvent, QueuedInput, Run
+
+    chat_id = world["chat"].pk
+
+    def snapshot():
+        return (
+            ChatEvent.objects.filter(chat_id=chat_id).count(),
+            QueuedInput.objects.filter(chat_id=chat_id).count(),
+            Run.objects.filter(chat_id=chat_id).count(),
+        )
+
+    before = await database_sync_to_async(snapshot)()
+    watcher, ok, _ = await open_socket(world["teacher"], chat_id, resync=None)
+    assert ok
+    frames = {
+        "send": {"message": "hi", "client_id": "w1"},
+        "edit": {"seq": 1, "message": "hi", "client_id": "w2"},
+        "edit_last": {"message": "hi", "client_id": "w3"},
+        "switch_version": {"base": 1, "index": 0},
+        "regenerate": {},
+        "approve": {"call_id": "c"},
+        "always": {"call_id": "c"},
+        "deny": {"call_id": "c"},
+        "switch_model": {"model": "demo"},
+        "compact": {},
+        "cancel": {},
+    }
+    assert set(frames) == WRITE_ACTIONS  # a new write action gets its line here
+    for action, fields in frames.items():
+        await watcher.comm.send_json_to({"action": action, **fields})
+        frame = await watcher.comm.receive_from(timeout=5)
+        assert "You can only watch this chat." in frame, action
+    await watcher.close()
+    assert await database_sync_to_async(snapshot)() == before

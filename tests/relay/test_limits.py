@@ -131,9 +131,8 @@ def test_chat_runs_count_against_the_same_budget(alice, settings):
     settings.REDIS_URL = ""
     RelayLimit.objects.create(user=alice, monthly_tokens=100)
     chat = store.create_chat(alice, title="t", model="demo")
-    limits.check_run(alice)  # creates the counter, seeded from the records (none)
+    limits.check_run(alice.pk)  # creates the counter, seeded from the records (none)
     run = Run.objects.create(chat=chat, model="demo")
-    record_run_usage(run, Usage(input_tokens=60, output_tokens=40), Run.Status.COMPLETED)
     record_run_usage(run, Usage(input_tokens=60, output_tokens=40), Run.Status.COMPLETED)
     (record,) = UsageRecord.objects.filter(user=alice)
     assert (record.source, record.total_tokens) == ("chat", 100)

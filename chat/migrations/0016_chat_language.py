@@ -3,7 +3,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("chat", "0011_run_redispatched"),
+        ("chat", "0015_chat_event_branch_index"),
     ]
 
     operations = [
