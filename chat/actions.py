@@ -493,7 +493,7 @@ def _check_budget(chat: ChatSession) -> None:
     try:
         limits.check_run(chat.owner_id)
     except limits.Refused as exc:
-        raise ActionError(exc.message, "over_budget") from None
+        raise ActionError(_(exc.message), "over_budget") from None
 
 
 # --- versions and branches -------------------------------------------------------------------
