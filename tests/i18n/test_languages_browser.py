@@ -77,4 +77,9 @@ def test_a_chat_started_in_chinese_is_answered_in_chinese(chinese_page, base, al
     expect(messages.locator(".msg.assistant .bubble").last).to_have_text(
         "结果是 84。", timeout=WAIT_MS
     )
-    expect(page.get_by_role("button", name="重新生成")).to_be_visible()
+    expect(page.locator("#run-controls").get_by_role("button", name="重新生成")).to_be_visible()
+    # Each reply has its own button; regenerating one shows the version switcher in Chinese.
+    expect(messages.get_by_role("button", name="重新生成")).to_have_count(2)
+    messages.get_by_role("button", name="重新生成").last.click()
+    expect(messages.get_by_role("button", name="上一个版本")).to_be_enabled(timeout=WAIT_MS)
+    expect(messages.get_by_role("button", name="下一个版本")).to_be_disabled()
