@@ -7,7 +7,7 @@ PORT ?= 8000
 DEBUG ?= 1
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/lyceum
 
-.PHONY: run test test-fast lint typecheck format chromium bench clean
+.PHONY: run test test-fast lint typecheck format chromium gettext messages i18n-check bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -34,8 +34,31 @@ chromium:
 	  else echo "Chromium is missing: run 'sudo apt-get install -y chromium'"; exit 1; fi; \
 	fi
 
-test: $(VENV)/.installed-dev chromium
+# GNU gettext (msgfmt, xgettext): `make messages` and the translation check need it.
+gettext:
+	@if [ ! -x /usr/bin/msgfmt ] || [ ! -x /usr/bin/xgettext ]; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gettext >/dev/null; \
+	  else echo "GNU gettext is missing: run 'sudo apt-get install -y gettext'"; exit 1; fi; \
+	fi
+
+# Translations: extract every string of the interface into locale/zh_Hans/.../django.po
+# (new ones come with an empty msgstr to translate), then compile the .mo files committed
+# beside them (so `make run` needs no gettext).
+MESSAGES_IGNORE := --ignore='tests/*' --ignore='bench/*' --ignore='staticfiles/*' \
+	--ignore='media/*' --ignore='workspaces/*' --ignore='*/migrations/*' --ignore='*/management/*'
+messages: $(VENV)/.installed gettext
+	DEBUG=1 $(PY) manage.py makemessages -l zh_Hans --no-obsolete --add-location=file $(MESSAGES_IGNORE)
+	DEBUG=1 $(PY) manage.py compilemessages -l zh_Hans --ignore='.venv' --ignore='staticfiles'
+
+# Fails, listing file:line and text, when a string of the interface has no Chinese
+# translation or a .mo is older than its .po.
+i18n-check: $(VENV)/.installed gettext
+	$(PY) -m chatsite.i18n_check
+
+test: $(VENV)/.installed-dev chromium gettext
 	$(VENV)/bin/ruff check .
+	$(MAKE) --no-print-directory i18n-check
 	$(MAKE) --no-print-directory typecheck
 	$(VENV)/bin/pytest -q
 	# Persistent connections would keep the test database busy at teardown.

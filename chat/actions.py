@@ -21,7 +21,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django.utils.translation import gettext
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
 
 from chat import apikeys, artifacts, quotas, store
 from chat.access import ChatAction, access_chat
@@ -100,7 +101,7 @@ def rename_chat(user, chat_id, title: str) -> str:
     chat = access_chat(user, chat_id, ChatAction.MANAGE)
     title = " ".join((title or "").split())[:200]
     if not title:
-        raise ActionError("A chat needs a title.", "empty")
+        raise ActionError(_("A chat needs a title."), "empty")
     with transaction.atomic():
         ring(chat.pk, _set_title(chat, title))
     return title
@@ -198,10 +199,11 @@ class SendResult:
 def _checked_text(text: str) -> str:
     text = (text or "").strip()
     if not text:
-        raise ActionError("The message is empty.", "empty")
+        raise ActionError(_("The message is empty."), "empty")
     if len(text) > MAX_MESSAGE_CHARS:
         raise ActionError(
-            f"The message is too long ({len(text)} characters; the limit is {MAX_MESSAGE_CHARS}).",
+            _("The message is too long (%(length)s characters; the limit is %(limit)s).")
+            % {"length": len(text), "limit": MAX_MESSAGE_CHARS},
             "too_long",
         )
     return text
@@ -210,7 +212,7 @@ def _checked_text(text: str) -> str:
 def _checked_client_id(client_id: str) -> str:
     client_id = (client_id or "").strip()[:64]
     if not client_id:
-        raise ActionError("The message has no client id.", "no_client_id")
+        raise ActionError(_("The message has no client id."), "no_client_id")
     return client_id
 
 
@@ -272,14 +274,14 @@ def start_chat_and_send(
     if not chat_id and agent_slug:
         agent = Agent.objects.filter(slug=agent_slug).first()
         if agent is None:
-            raise ActionError(f"No agent named {agent_slug!r}.", "not_found")
+            raise ActionError(_("No agent named '%(slug)s'.") % {"slug": agent_slug}, "not_found")
     with transaction.atomic():
         if chat_id:
             if model:
                 _switch_model(chat, model)
         else:
             if attachments:
-                raise ActionError("Attach files to an existing chat.", "bad_request")
+                raise ActionError(_("Attach files to an existing chat."), "bad_request")
             chat = _create_chat(user, agent=agent, model=model)
         return _record_send(user, chat, text, client_id, thinking, None, attachments)
 
@@ -367,8 +369,12 @@ def attach_file(user, chat_id, name: str, data: bytes) -> ArtifactVersion:
     allowed = settings.LYCEUM_ATTACHMENT_KINDS
     if detected.kind.value not in allowed:
         raise ActionError(
-            f"{path} is {_kind_words(detected.kind)}; files you can attach here: "
-            f"{', '.join(allowed)}.",
+            _("%(path)s is %(kind)s; files you can attach here: %(allowed)s.")
+            % {
+                "path": path,
+                "kind": _kind_words_shown(detected.kind),
+                "allowed": ", ".join(allowed),
+            },
             "refused_type",
         )
     with transaction.atomic():
@@ -385,6 +391,12 @@ def attach_file(user, chat_id, name: str, data: bytes) -> ArtifactVersion:
         return version
 
 
+def _kind_words_shown(kind: Kind) -> str:
+    """What a kind of file is called, for the person attaching it (translated)."""
+    words = {Kind.BINARY: _("a binary file"), Kind.IMAGE: _("an image"), Kind.PDF: _("a PDF")}
+    return words.get(kind) or _("a %(kind)s file") % {"kind": kind.value}
+
+
 def _kind_words(kind: Kind) -> str:
     return {Kind.BINARY: "a binary file", Kind.IMAGE: "an image", Kind.PDF: "a PDF"}.get(
         kind, f"a {kind.value} file"
@@ -396,7 +408,10 @@ def _attached_versions(chat: ChatSession, ids: list[str]) -> list[ArtifactVersio
     if not ids:
         return []
     if len(ids) > MAX_ATTACHMENTS:
-        raise ActionError(f"Attach at most {MAX_ATTACHMENTS} files to one message.", "too_many")
+        raise ActionError(
+            _("Attach at most %(count)s files to one message.") % {"count": MAX_ATTACHMENTS},
+            "too_many",
+        )
     try:
         found = {
             str(v.pk): v
@@ -407,7 +422,7 @@ def _attached_versions(chat: ChatSession, ids: list[str]) -> list[ArtifactVersio
     except ValidationError:
         found = {}
     if len(found) != len(ids):
-        raise ActionError("An attached file is gone; attach it again.", "not_found")
+        raise ActionError(_("An attached file is gone; attach it again."), "not_found")
     return [found[i] for i in ids]
 
 
@@ -426,8 +441,11 @@ def _with_attachments(
         if kind == Kind.IMAGE:
             if not _model_takes_images(chat.model):
                 raise ActionError(
-                    f"The model {chat.model} cannot read images; switch to a model that can, "
-                    f"or send the message without {path}.",
+                    _(
+                        "The model %(model)s cannot read images; switch to a model that can, "
+                        "or send the message without %(path)s."
+                    )
+                    % {"model": chat.model, "path": path},
                     "no_images",
                 )
             images.append(str(version.pk))
@@ -460,7 +478,7 @@ def _start_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY) -> Run:
     """A run for ``chat``, launched after the commit (call inside a transaction)."""
     _check_budget(chat)
     if transitions.live_run(chat, lock=True) is not None:
-        raise ActionError("Wait for the current reply to finish.", "busy")
+        raise ActionError(_("Wait for the current reply to finish."), "busy")
     with _within_limits():
         quotas.check_new_run(chat.owner_id)
     run = transitions.new_run(chat, kind=kind)
@@ -475,7 +493,7 @@ def _check_budget(chat: ChatSession) -> None:
     try:
         limits.check_run(chat.owner_id)
     except limits.Refused as exc:
-        raise ActionError(exc.message, "over_budget") from None
+        raise ActionError(_(exc.message), "over_budget") from None
 
 
 # --- versions and branches -------------------------------------------------------------------
@@ -483,14 +501,16 @@ def _check_budget(chat: ChatSession) -> None:
 # keeps every version, the page and the model see the active path. A run writes to the
 # branch current when it started, so nothing branches or switches while a run is live.
 
-BUSY_BRANCHING = "Wait for the current reply to finish, or stop it, before changing versions."
+BUSY_BRANCHING = gettext_noop(
+    "Wait for the current reply to finish, or stop it, before changing versions."
+)
 
 
 def _lock_idle(chat: ChatSession) -> None:
     """Hold the chat's row for the branch change; refuse while a run is live."""
     ChatSession.objects.select_for_update().filter(pk=chat.pk).values_list("pk").first()
     if transitions.live_run(chat, lock=True) is not None:
-        raise ActionError(gettext(BUSY_BRANCHING), "busy")
+        raise ActionError(_(BUSY_BRANCHING), "busy")
 
 
 def _path_message(chat: ChatSession, shape, seq: int) -> dict | None:
@@ -527,7 +547,7 @@ def _answered_message(chat: ChatSession, shape, before: int) -> int:
         .values_list("seq", flat=True)[:50]
     )
     if not users:
-        raise ActionError(gettext("There is no message to answer yet."), "empty")
+        raise ActionError(_("There is no message to answer yet."), "empty")
     taken = set(
         display.filter(on_path, kind="input_taken", payload__input_seq__in=users).values_list(
             "payload__input_seq", flat=True
@@ -565,11 +585,11 @@ def regenerate(user, chat_id, seq: int | None = None) -> str:
         if seq is None:
             seq = store.last_display_seq(chat.pk) + 1
         elif not _is_reply(chat, shape, seq):
-            raise ActionError(gettext("There is no such reply to regenerate."), "not_found")
+            raise ActionError(_("There is no such reply to regenerate."), "not_found")
         answered = _answered_message(chat, shape, seq)
         following = store.display_events_after(chat.pk, answered, 1, shape=shape)
         if not following:
-            raise ActionError(gettext("There is no reply to regenerate yet."), "empty")
+            raise ActionError(_("There is no reply to regenerate yet."), "empty")
         marker = store.context_marker(chat.pk, answered)
         context = store.context_until(chat.pk, marker) if marker else store.load_context(chat.pk)
         run = _start_run(chat)
@@ -593,7 +613,7 @@ def edit_message(user, chat_id, seq: int, text: str, client_id: str) -> SendResu
         shape = store.branch_shape(chat.pk)
         payload = _path_message(chat, shape, seq)
         if not payload or payload.get("role") != "user" or payload.get("sender_name"):
-            raise ActionError(gettext("There is no such message of yours to edit."), "not_found")
+            raise ActionError(_("There is no such message of yours to edit."), "not_found")
         marker = store.context_marker(chat.pk, seq)
         context = (
             store.context_until(chat.pk, marker - 1) if marker else store.load_context(chat.pk)
@@ -620,7 +640,7 @@ def switch_version(user, chat_id, base: int, index: int) -> int:
         shape = store.branch_shape(chat.pk)
         target = shape.switch_target(base, index)
         if target is None:
-            raise ActionError(gettext("There is no such version."), "not_found")
+            raise ActionError(_("There is no such version."), "not_found")
         if target == shape.active:
             return target
         context = store.context_until(chat.pk, shape.left_ctx[target])
@@ -634,7 +654,7 @@ def request_compaction(user, chat_id) -> str:
     chat = access_chat(user, chat_id, ChatAction.WRITE)
     with transaction.atomic():
         if not store.load_context(chat.pk):
-            raise ActionError("There is nothing to compact yet: the chat is empty.", "empty")
+            raise ActionError(_("There is nothing to compact yet: the chat is empty."), "empty")
         run = _start_run(chat, kind=Run.Kind.COMPACT)
     return str(run.pk)
 
@@ -691,7 +711,7 @@ def decide_approval(
             .first()
         )
         if approval is None:
-            raise ActionError("There is no such tool call waiting for approval.", "not_found")
+            raise ActionError(_("There is no such tool call waiting for approval."), "not_found")
         if approval.status != ToolApproval.Status.PENDING:
             return DecideResult(None, approval.status)  # answered already: idempotent
         approval.status = ToolApproval.Status.APPROVED if approve else ToolApproval.Status.DENIED

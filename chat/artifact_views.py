@@ -26,6 +26,7 @@ from django.http import (
 from django.http.response import HttpResponseBase
 from django.shortcuts import render
 from django.utils.http import content_disposition_header
+from django.utils.translation import gettext as _
 from django.views.decorators.clickjacking import xframe_options_sameorigin
 from django.views.decorators.http import require_GET, require_POST
 
@@ -207,13 +208,17 @@ def chat_attach(request: HttpRequest, chat_id) -> HttpResponse:
     """Upload one file (field ``file``) to attach to the next message; its version id."""
     upload = request.FILES.get("file")
     if upload is None:
-        return JsonResponse({"error": "Choose a file to attach."}, status=400)
+        return JsonResponse({"error": _("Choose a file to attach.")}, status=400)
     limit = settings.LYCEUM_ARTIFACT_MAX_BYTES
     if upload.size is not None and upload.size > limit:
         return JsonResponse(
             {
-                "error": f"{upload.name} is {artifacts.human_size(upload.size)}; the limit is "
-                f"{artifacts.human_size(limit)} per file."
+                "error": _("%(name)s is %(size)s; the limit is %(limit)s per file.")
+                % {
+                    "name": upload.name,
+                    "size": artifacts.human_size(upload.size),
+                    "limit": artifacts.human_size(limit),
+                }
             },
             status=413,
         )

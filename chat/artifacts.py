@@ -30,6 +30,7 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, default_storage
 from django.db import transaction
 from django.db.models import F, Sum
+from django.utils.translation import gettext as _
 
 from chat import quotas, store
 from chat.agent.events import ArtifactSaved
@@ -87,7 +88,8 @@ def check_size(size: int, name: str) -> None:
     limit = settings.LYCEUM_ARTIFACT_MAX_BYTES
     if size > limit:
         raise ArtifactError(
-            f"{name} is {human_size(size)}; the limit is {human_size(limit)} per file.",
+            _("%(name)s is %(size)s; the limit is %(limit)s per file.")
+            % {"name": name, "size": human_size(size), "limit": human_size(limit)},
             "too_large",
         )
 
@@ -97,8 +99,11 @@ def _check_chat_limits(chat_id: Any, size: int, new_artifact: bool) -> None:
         count = Artifact.objects.filter(chat_id=chat_id).count()
         if count >= settings.LYCEUM_ARTIFACT_MAX_COUNT:
             raise ArtifactError(
-                f"This chat already holds {count} files, the maximum. "
-                "Replace or edit an existing file instead.",
+                _(
+                    "This chat already holds %(count)s files, the maximum. "
+                    "Replace or edit an existing file instead."
+                )
+                % {"count": count},
                 "too_many",
             )
     used = (
@@ -110,8 +115,8 @@ def _check_chat_limits(chat_id: Any, size: int, new_artifact: bool) -> None:
     limit = settings.LYCEUM_ARTIFACT_CHAT_MAX_BYTES
     if used + size > limit:
         raise ArtifactError(
-            f"This chat's files would take {human_size(used + size)}; the limit is "
-            f"{human_size(limit)} per chat.",
+            _("This chat's files would take %(size)s; the limit is %(limit)s per chat.")
+            % {"size": human_size(used + size), "limit": human_size(limit)},
             "chat_full",
         )
     try:

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+from django.utils.translation import gettext
 
 from chat.llm.demo import DemoProvider
 from chat.llm.openai import OpenAIProvider
@@ -36,7 +37,10 @@ DEFAULT_CONTEXT_WINDOW = 32_000
 
 class UnknownModel(LookupError):
     def __init__(self, alias: str) -> None:
-        super().__init__(f"The model {alias!r} is not available. Pick one of the listed models.")
+        super().__init__(
+            gettext("The model '%(alias)s' is not available. Pick one of the listed models.")
+            % {"alias": alias}
+        )
         self.alias = alias
 
 

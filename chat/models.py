@@ -12,6 +12,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext
 
 
 class ChatSession(models.Model):
@@ -31,6 +32,10 @@ class ChatSession(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     pinned_at = models.DateTimeField(null=True, blank=True)  # pinned chats come first
+    # The interface language of whoever started the chat (a code of LANGUAGES, "" when
+    # unknown): its runs render their live fragments in it, and the model is asked to
+    # answer in it (chat.runhost.setup).
+    language = models.CharField(max_length=16, blank=True, default="")
     # Last seq handed out per channel; bumped under a row lock so seqs are gap-free.
     last_display_seq = models.PositiveBigIntegerField(default=0)
     last_session_seq = models.PositiveBigIntegerField(default=0)
@@ -44,7 +49,7 @@ class ChatSession(models.Model):
 
     @property
     def display_title(self) -> str:
-        return self.title or "New chat"
+        return self.title or gettext("New chat")
 
 
 class ChatEvent(models.Model):

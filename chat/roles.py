@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from django.utils.translation import gettext_lazy as _
+
 TEACHERS_GROUP = "Teachers"
 
 
@@ -11,6 +13,10 @@ class Role(StrEnum):
     STUDENT = "student"
     TEACHER = "teacher"
     ADMIN = "admin"
+
+
+# What the header's badge says (the class names stay the values).
+ROLE_LABELS = {Role.STUDENT: _("student"), Role.TEACHER: _("teacher"), Role.ADMIN: _("admin")}
 
 
 def role_of(user) -> Role:

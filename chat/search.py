@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext
 
 MAX_HITS = 20
 MAX_QUERY_CHARS = 100
@@ -101,5 +102,8 @@ def _postgres(user_id: int, words: list[str], limit: int) -> list[Hit]:
 
 def _hit(chat_id, title, seq, snippet) -> Hit:
     return Hit(
-        str(uuid.UUID(str(chat_id))), title or "New chat", int(seq), _snippet_html(snippet or "")
+        str(uuid.UUID(str(chat_id))),
+        title or gettext("New chat"),
+        int(seq),
+        _snippet_html(snippet or ""),
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Max, Q
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from chat.core import branches, eventlog
 from chat.core.messages import ChatMessage
@@ -161,7 +161,10 @@ def display_events_before(
 
 
 def create_chat(owner, *, title: str = "", model: str = "") -> ChatSession:
-    return ChatSession.objects.create(owner=owner, title=title[:200], model=model)
+    language = translation.get_language() or ""  # the creator's page's (or request's)
+    return ChatSession.objects.create(
+        owner=owner, title=title[:200], model=model, language=language
+    )
 
 
 def state_events_after(

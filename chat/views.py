@@ -11,6 +11,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.safestring import mark_safe
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from chat import actions, artifacts, search, store
@@ -204,7 +205,7 @@ def chat_delete(request: HttpRequest, chat_id) -> HttpResponse:
     chat = access_chat(request.user, chat_id, ChatAction.MANAGE)
     if request.method == "POST":
         title = actions.delete_chat(request.user, chat.pk)
-        messages.success(request, f"Deleted “{title}”.")
+        messages.success(request, _("Deleted “%(title)s”.") % {"title": title})
         return redirect("home")
     return render(request, "chat/delete.html", {"chat": chat})
 
@@ -240,7 +241,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         if revoke := request.POST.get("revoke"):
             if revoke_api_key(request.user, revoke):
-                messages.success(request, "The key was revoked.")
+                messages.success(request, _("The key was revoked."))
             return redirect("api_keys")
         try:
             _key, secret = actions.new_api_key(request.user, request.POST.get("name", "").strip())

@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
 from django.urls import include, path, re_path
+from django.views.i18n import set_language
 
 from chat.api.views import not_found as api_not_found
 from chat.relay.pages import usage_page
@@ -22,6 +24,8 @@ urlpatterns = [
         auth_views.PasswordChangeDoneView.as_view(),
         name="password_change_done",
     ),
+    # The header's language picker posts here; the login page has it too.
+    path("i18n/setlang/", login_not_required(set_language), name="set_language"),
     path("admin/", admin.site.urls),
     path("api/v1/classrooms/", include("classroom.api_urls")),
     path("api/v1/relay/", include("chat.relay.urls")),

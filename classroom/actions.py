@@ -105,13 +105,16 @@ PRESET_CAST = [
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def _title(text: str, what: str = "A class") -> str:
+def _title(text: str, scene: bool = False) -> str:
     text = " ".join((text or "").split())
     if not text:
-        raise ActionError(f"{what} needs a title.", "empty")
+        raise ActionError(
+            _("A scene needs a title.") if scene else _("A class needs a title."), "empty"
+        )
     if len(text) > TITLE_MAX:
         raise ActionError(
-            f"The title is too long (the limit is {TITLE_MAX} characters).", "too_long"
+            _("The title is too long (the limit is %(limit)s characters).") % {"limit": TITLE_MAX},
+            "too_long",
         )
     return text
 
@@ -154,7 +157,7 @@ def _clean_code(code: str) -> str:
 
 def create_classroom(user, *, title: str, subject: str = "", model: str = "") -> Classroom:
     if not is_teacher(user) and not user.is_staff:
-        raise ActionError("Only teachers can create classes.", "not_found")
+        raise ActionError(_("Only teachers can create classes."), "not_found")
     title = _title(title)
     subject = " ".join((subject or "").split())[:200]
     model = _checked_model(model, allow_empty=False)
@@ -274,9 +277,9 @@ def join_classroom(user, code: str) -> Classroom:
     """Enrol ``user`` in the class of ``code``; joining twice is harmless."""
     code = _clean_code(code)
     if not code:
-        raise ActionError("Type the join code your teacher gave you.", "empty")
+        raise ActionError(_("Type the join code your teacher gave you."), "empty")
     wrong = ActionError(
-        "That join code is wrong or no longer valid. Check it with your teacher.", "bad_code"
+        _("That join code is wrong or no longer valid. Check it with your teacher."), "bad_code"
     )
     if any(c not in JOIN_CODE_ALPHABET for c in code):
         raise wrong
@@ -328,29 +331,31 @@ def save_scene(
         scene = Scene(classroom=classroom)
     else:
         scene = _access_scene(user, classroom.pk, scene_id)
-    scene.title = _title(title, "A scene")
+    scene.title = _title(title, scene=True)
     if kind not in Scene.Kind.values:
-        raise ActionError(f"Unknown scene kind {kind!r}.", "bad_request")
+        raise ActionError(_("Unknown scene kind '%(kind)s'.") % {"kind": kind}, "bad_request")
     scene.kind = kind
     content = (content or "").replace("\r\n", "\n")
     if len(content) > SCENE_CONTENT_MAX:
         raise ActionError(
-            f"The scene content is too long ({len(content)} characters; the limit is "
-            f"{SCENE_CONTENT_MAX}).",
+            _("The scene content is too long (%(length)s characters; the limit is %(limit)s).")
+            % {"length": len(content), "limit": SCENE_CONTENT_MAX},
             "too_long",
         )
     scene.content = content
     if guardrail is not None:
         if len(guardrail) > GUARDRAIL_MAX:
             raise ActionError(
-                f"The guardrail is too long (the limit is {GUARDRAIL_MAX} characters).", "too_long"
+                _("The guardrail is too long (the limit is %(limit)s characters).")
+                % {"limit": GUARDRAIL_MAX},
+                "too_long",
             )
         scene.guardrail = guardrail.strip()
     written = (scene_context or "").strip()
     if len(written) > SCENE_CONTEXT_MAX:
         raise ActionError(
-            f"The scene context is too long ({len(written)} characters; the limit is "
-            f"{SCENE_CONTEXT_MAX}).",
+            _("The scene context is too long (%(length)s characters; the limit is %(limit)s).")
+            % {"length": len(written), "limit": SCENE_CONTEXT_MAX},
             "too_long",
         )
     if scene_context is not None:
@@ -444,26 +449,31 @@ def save_persona(
     )
     name = " ".join((name or "").split())
     if not name:
-        raise ActionError("A persona needs a name.", "empty")
+        raise ActionError(_("A persona needs a name."), "empty")
     if not PERSONA_NAME.match(name):
         raise ActionError(
-            "A persona's name is up to 40 letters, digits, spaces, dots, hyphens or "
-            "apostrophes, starting with a letter or digit.",
+            _(
+                "A persona's name is up to 40 letters, digits, spaces, dots, hyphens or "
+                "apostrophes, starting with a letter or digit."
+            ),
             "bad_name",
         )
     clash = classroom.personas.filter(name__iexact=name).exclude(pk=persona.pk).exists()
     if clash:
-        raise ActionError(f"The class already has a persona named {name}.", "duplicate")
+        raise ActionError(
+            _("The class already has a persona named %(name)s.") % {"name": name}, "duplicate"
+        )
     if role not in Persona.Role.values:
-        raise ActionError(f"Unknown persona role {role!r}.", "bad_request")
+        raise ActionError(_("Unknown persona role '%(role)s'.") % {"role": role}, "bad_request")
     if len(prompt or "") > PERSONA_PROMPT_MAX:
         raise ActionError(
-            f"The persona prompt is too long (the limit is {PERSONA_PROMPT_MAX} characters).",
+            _("The persona prompt is too long (the limit is %(limit)s characters).")
+            % {"limit": PERSONA_PROMPT_MAX},
             "too_long",
         )
     colour = (colour or "").strip() or persona.colour
     if not COLOUR.match(colour):
-        raise ActionError("A colour is written #rrggbb, for example #7c3aed.", "bad_colour")
+        raise ActionError(_("A colour is written #rrggbb, for example #7c3aed."), "bad_colour")
     persona.name, persona.role, persona.prompt = name, role, (prompt or "").strip()
     persona.avatar = (avatar or "").strip()[:16] or persona.avatar
     persona.colour = colour.lower()
@@ -478,7 +488,7 @@ def save_persona(
                 persona.save()
         except IntegrityError:
             raise ActionError(
-                f"The class already has a persona named {name}.", "duplicate"
+                _("The class already has a persona named %(name)s.") % {"name": name}, "duplicate"
             ) from None
         _sync_chat_models(classroom)
     return persona
@@ -563,7 +573,7 @@ def ring_class(classroom_id, kind: str, **fields) -> None:
 
 
 def guardrails_of(classroom: Classroom) -> Guardrails:
-    guardrails, _ = Guardrails.objects.get_or_create(classroom=classroom)
+    guardrails, _created = Guardrails.objects.get_or_create(classroom=classroom)
     return guardrails
 
 
@@ -572,10 +582,13 @@ def save_guardrails(
 ) -> Guardrails:
     classroom = access_classroom(user, classroom_id, ClassAction.TEACH)
     if on_flag not in OnFlag.values:
-        raise ActionError(f"Unknown setting {on_flag!r}.", "bad_request")
+        raise ActionError(_("Unknown setting '%(value)s'.") % {"value": on_flag}, "bad_request")
     unknown = set(categories) - set(FlagCategory.values)
     if unknown:
-        raise ActionError(f"Unknown categories: {', '.join(sorted(unknown))}.", "bad_request")
+        raise ActionError(
+            _("Unknown categories: %(names)s.") % {"names": ", ".join(sorted(unknown))},
+            "bad_request",
+        )
     guardrails = guardrails_of(classroom)
     guardrails.categories = [c for c in FlagCategory.values if c in categories]
     guardrails.words = "\n".join(moderation.teacher_words(words))
@@ -707,7 +720,7 @@ def _links(classroom: Classroom):
 def _link_of(classroom: Classroom, student_id) -> ClassroomChat:
     link = _links(classroom).filter(student_id=student_id).first()
     if link is None:
-        raise ActionError("That student has not opened the class chat yet.", "not_found")
+        raise ActionError(_("That student has not opened the class chat yet."), "not_found")
     link.classroom = classroom
     return link
 
@@ -859,7 +872,7 @@ def review_flag(user, classroom_id, flag_id) -> Flag:
     with transaction.atomic():
         flag = Flag.objects.select_for_update().filter(pk=flag_id, classroom=classroom).first()
         if flag is None:
-            raise ActionError("No such flag.", "not_found")
+            raise ActionError(_("No such flag."), "not_found")
         if flag.reviewed_at is None:
             flag.reviewed_at, flag.reviewed_by = timezone.now(), user
             flag.save(update_fields=["reviewed_at", "reviewed_by"])

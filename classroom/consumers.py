@@ -24,11 +24,15 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404
+from django.utils import translation
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from chat.access import ChatAction, access_chat
 from chat.actions import ActionError
 from chat.live.consumers import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from chat.live.doorbell import chat_group
+from chat.live.language import scope_language
 from chat.live.layers import live_layer_alias
 from chat.live.subscription import ChatSubscription
 from chat.presentation import fragments
@@ -54,6 +58,7 @@ class WallConsumer(AsyncWebsocketConsumer):
         # The newest stream snapshot per chat, sent together once per push interval.
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.flushing: asyncio.TimerHandle | None = None
+        translation.activate(scope_language(self.scope))
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
@@ -169,22 +174,22 @@ class WallConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
         raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
         if len(raw.encode("utf-8")) > settings.LYCEUM_MAX_FRAME_BYTES:
-            await self._notice("That message is too large to send.")
+            await self._notice(_("That message is too large to send."))
             return
         try:
             frame = json.loads(raw)
         except (ValueError, RecursionError):
             frame = None
         if not isinstance(frame, dict):
-            await self._notice("The page sent something unreadable.")
+            await self._notice(_("The page sent something unreadable."))
             return
         action = str(frame.get("action") or "")
         handler = getattr(self, f"do_{action}", None) if action.isidentifier() else None
         if handler is None:
-            await self._notice(f"Unknown action “{action[:40]}”.")
+            await self._notice(_("Unknown action “%(action)s”.") % {"action": action[:40]})
             return
         if not await self._teaches():
-            await self._notice("You can no longer watch this class.")
+            await self._notice(_("You can no longer watch this class."))
             await self.close(code=CLOSE_FORBIDDEN)
             return
         try:
@@ -215,7 +220,10 @@ class WallConsumer(AsyncWebsocketConsumer):
 
     async def do_broadcast(self, frame: dict[str, Any]) -> None:
         count = await self._act(actions.broadcast, str(frame.get("message") or ""))
-        await self._notice(f"Sent to {count} student{'s' if count != 1 else ''}.")
+        await self._notice(
+            ngettext("Sent to %(count)s student.", "Sent to %(count)s students.", count)
+            % {"count": count}
+        )
 
     async def do_pause(self, frame: dict[str, Any]) -> None:
         await self._act(actions.pause_ai)
@@ -323,4 +331,4 @@ def _int(value: Any) -> int:
     try:
         return int(value)
     except (TypeError, ValueError, OverflowError):
-        raise ActionError("The page sent something unreadable.") from None
+        raise ActionError(_("The page sent something unreadable.")) from None

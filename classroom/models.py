@@ -13,6 +13,7 @@ import secrets
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Lower
+from django.utils.translation import gettext_lazy as _
 
 # No 0/O, 1/I/L: a code read aloud or copied from a board is typed right.
 JOIN_CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"
@@ -83,10 +84,10 @@ class Enrollment(models.Model):
 
 class Scene(models.Model):
     class Kind(models.TextChoices):
-        LECTURE = "lecture"
-        DISCUSSION = "discussion"
-        QUIZ = "quiz"
-        PRACTICE = "practice"
+        LECTURE = "lecture", _("Lecture")
+        DISCUSSION = "discussion", _("Discussion")
+        QUIZ = "quiz", _("Quiz")
+        PRACTICE = "practice", _("Practice")
 
     classroom = models.ForeignKey(Classroom, on_delete=models.CASCADE, related_name="scenes")
     position = models.PositiveIntegerField(default=0)
@@ -123,9 +124,9 @@ class Scene(models.Model):
 
 class Persona(models.Model):
     class Role(models.TextChoices):
-        TEACHER = "teacher", "AI teacher"
-        ASSISTANT = "assistant", "teaching assistant"
-        STUDENT = "student", "AI classmate"
+        TEACHER = "teacher", _("AI teacher")
+        ASSISTANT = "assistant", _("teaching assistant")
+        STUDENT = "student", _("AI classmate")
 
     classroom = models.ForeignKey(Classroom, on_delete=models.CASCADE, related_name="personas")
     position = models.PositiveIntegerField(default=0)
@@ -175,18 +176,18 @@ class ClassroomChat(models.Model):
 
 
 class FlagCategory(models.TextChoices):
-    SELF_HARM = "self_harm", "self-harm"
-    VIOLENCE = "violence", "violence"
-    BULLYING = "bullying", "bullying"
-    PERSONAL_DATA = "personal_data", "personal data"
-    TEACHER_WORDS = "teacher_words", "the teacher's words"
-    LLM = "llm", "model check"
+    SELF_HARM = "self_harm", _("self-harm")
+    VIOLENCE = "violence", _("violence")
+    BULLYING = "bullying", _("bullying")
+    PERSONAL_DATA = "personal_data", _("personal data")
+    TEACHER_WORDS = "teacher_words", _("the teacher's words")
+    LLM = "llm", _("model check")
 
 
 class OnFlag(models.TextChoices):
-    NOTICE = "notice", "Show a notice to the student"
-    HOLD = "hold", "Hold the AI reply until I review it"
-    NOTIFY = "notify", "Only notify me"
+    NOTICE = "notice", _("Show a notice to the student")
+    HOLD = "hold", _("Hold the AI reply until I review it")
+    NOTIFY = "notify", _("Only notify me")
 
 
 def default_flag_categories() -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from django.utils import translation
+
 from chat.llm.demo.classroom import SCENE_TITLE_PREFIX
 from chat.models import ChatSession
 from chat.runhost.setup import RunSetup
@@ -71,7 +73,9 @@ def build_scene_context(classroom: Classroom, scene: Scene) -> str:
 def persona_role_line(persona: Persona) -> str:
     """What the cast list says about a persona (its role, then its persona prompt)."""
     prompt = " ".join(persona.prompt.split())
-    return f"{persona.get_role_display()}. {prompt}".strip()
+    with translation.override("en"):  # the model's prompt is English whatever the page's
+        role = str(persona.get_role_display())
+    return f"{role}. {prompt}".strip()
 
 
 def cast_of(classroom: Classroom) -> list[Persona]:

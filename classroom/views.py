@@ -69,7 +69,7 @@ def class_new(request: HttpRequest) -> HttpResponse:
         except ActionError as exc:
             messages.error(request, exc.message)
         else:
-            messages.success(request, f"Created “{classroom.title}”.")
+            messages.success(request, _("Created “%(title)s”.") % {"title": classroom.title})
             return redirect("class_detail", classroom_id=classroom.pk)
     return render(request, "classroom/new.html", {"form": form, "models": available_models()})
 
@@ -127,7 +127,7 @@ def class_settings(request: HttpRequest, classroom_id: int) -> HttpResponse:
         title=request.POST.get("title", ""),
         subject=request.POST.get("subject", ""),
         model=request.POST.get("model", ""),
-        success="Saved.",
+        success=_("Saved."),
     )
     return _back(classroom_id)
 
@@ -135,7 +135,11 @@ def class_settings(request: HttpRequest, classroom_id: int) -> HttpResponse:
 @require_POST
 def class_archive(request: HttpRequest, classroom_id: int) -> HttpResponse:
     archive = request.POST.get("archive") == "1"
-    done = "Archived: students no longer see the class." if archive else "The class is open again."
+    done = (
+        _("Archived: students no longer see the class.")
+        if archive
+        else _("The class is open again.")
+    )
     _do(request, actions.set_archived, classroom_id, archive, success=done)
     return _back(classroom_id, "settings")
 
@@ -152,7 +156,7 @@ def class_code(request: HttpRequest, classroom_id: int) -> HttpResponse:
         actions.regenerate_join_code,
         classroom_id,
         valid_for,
-        success="New join code: {result}.",
+        success=_("New join code: {result}."),
     )
     return _back(classroom_id, "roster")
 
@@ -164,7 +168,7 @@ def class_remove_student(request: HttpRequest, classroom_id: int, enrollment_id:
         actions.remove_student,
         classroom_id,
         enrollment_id,
-        success="Removed {result} from the class.",
+        success=_("Removed {result} from the class."),
     )
     return _back(classroom_id, "roster")
 
@@ -224,7 +228,7 @@ def scene_edit(request: HttpRequest, classroom_id: int, scene_id: int | None = N
         fields = _scene_fields(request)
         saved = _do(request, actions.save_scene, classroom.pk, scene_id, **fields)
         if saved is not None:
-            messages.success(request, f"Saved the scene “{saved.title}”.")
+            messages.success(request, _("Saved the scene “%(title)s”.") % {"title": saved.title})
             return _back(classroom.pk, "scenes")
         form = fields
     elif scene is not None:
@@ -279,14 +283,14 @@ def scene_current(request: HttpRequest, classroom_id: int, scene_id: int) -> Htt
         actions.set_current_scene,
         classroom_id,
         scene_id,
-        success="The class is now on “{result.title}”.",
+        success=_("The class is now on “{result.title}”."),
     )
     return _back(classroom_id, "scenes")
 
 
 @require_POST
 def scene_delete(request: HttpRequest, classroom_id: int, scene_id: int) -> HttpResponse:
-    _do(request, actions.delete_scene, classroom_id, scene_id, success="Deleted “{result}”.")
+    _do(request, actions.delete_scene, classroom_id, scene_id, success=_("Deleted “{result}”."))
     return _back(classroom_id, "scenes")
 
 
@@ -313,7 +317,7 @@ def persona_edit(request: HttpRequest, classroom_id: int, persona_id: int | None
         fields = _persona_fields(request)
         saved = _do(request, actions.save_persona, classroom.pk, persona_id, **fields)
         if saved is not None:
-            messages.success(request, f"Saved {saved.name}.")
+            messages.success(request, _("Saved %(name)s.") % {"name": saved.name})
             return _back(classroom.pk, "personas")
         form = fields
     elif persona is not None:
@@ -346,7 +350,7 @@ def persona_edit(request: HttpRequest, classroom_id: int, persona_id: int | None
 
 @require_POST
 def persona_delete(request: HttpRequest, classroom_id: int, persona_id: int) -> HttpResponse:
-    _do(request, actions.delete_persona, classroom_id, persona_id, success="Removed {result}.")
+    _do(request, actions.delete_persona, classroom_id, persona_id, success=_("Removed {result}."))
     return _back(classroom_id, "personas")
 
 
@@ -442,7 +446,7 @@ def class_guardrails(request: HttpRequest, classroom_id: int) -> HttpResponse:
         words=request.POST.get("words", ""),
         on_flag=request.POST.get("on_flag", OnFlag.NOTIFY),
         check_model=request.POST.get("check_model", ""),
-        success="Guardrails saved.",
+        success=_("Guardrails saved."),
     )
     return redirect("class_live", classroom_id)
 

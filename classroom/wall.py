@@ -17,6 +17,7 @@ from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils.html import escape
+from django.utils.translation import gettext as _
 
 from chat import store
 from chat.models import ChatSession, Run
@@ -60,9 +61,13 @@ def _short(text: str, limit: int = TEXT_CHARS) -> str:
 def tile_item(event: StoredEvent, student_name: str) -> TileItem | None:
     p = event.payload
     if event.kind == "scene":
-        return TileItem(event.seq, "Scene", "scene", f"Scene {p.get('number')}: {p.get('title')}")
+        text = _("Scene %(number)s: %(title)s") % {
+            "number": p.get("number"),
+            "title": p.get("title"),
+        }
+        return TileItem(event.seq, _("Scene"), "scene", text)
     if event.kind in ("cancelled", "error"):
-        what = "Stopped" if event.kind == "cancelled" else "The reply failed"
+        what = _("Stopped") if event.kind == "cancelled" else _("The reply failed")
         return TileItem(event.seq, "", "system", what)
     if event.kind != "msg":
         return None
@@ -73,7 +78,7 @@ def tile_item(event: StoredEvent, student_name: str) -> TileItem | None:
             return TileItem(event.seq, sender, "teacher", text)
         return TileItem(event.seq, student_name, "student", text)
     if role == "assistant" and text:
-        return TileItem(event.seq, sender or "AI", "persona", text)
+        return TileItem(event.seq, sender or _("AI"), "persona", text)
     if role == "system":
         return TileItem(event.seq, "", "system", text)
     return None
@@ -98,7 +103,7 @@ def stream_line(chat_id: str, writing: bool, who: str = "", tail: str = "") -> s
         return f'<p id="tile-stream-{chat_id}" class="tile-stream" hx-swap-oob="true"></p>'
     return (
         f'<p id="tile-stream-{chat_id}" class="tile-stream writing" hx-swap-oob="true">'
-        f'<span class="who">{escape(who or "AI")} is writing…</span> '
+        f'<span class="who">{escape(_("%(who)s is writing…") % {"who": who or _("AI")})}</span> '
         f'<span class="tail">{escape(tail)}</span></p>'
     )
 
@@ -106,7 +111,7 @@ def stream_line(chat_id: str, writing: bool, who: str = "", tail: str = "") -> s
 def _speaker_and_tail(text: str, speakers: list[str]) -> tuple[str, str]:
     """Who is speaking now and the end of what they said (from the raw text's tail)."""
     window = text[-(TAIL_CHARS + 200) :]
-    who = speakers[0] if speakers else "AI"
+    who = speakers[0] if speakers else _("AI")
     tail = window
     for match in _TAG.finditer(window):
         name = match.group(1)
@@ -151,7 +156,7 @@ def tile_fragments(chat_id: str, events: list[StoredEvent], student_name: str) -
         elif event.kind in TERMINAL:
             writing = False
     if writing is not None:
-        parts.append(stream_line(chat_id, writing, "AI" if writing else ""))
+        parts.append(stream_line(chat_id, writing, _("AI") if writing else ""))
     elif any(i.kind == "persona" for i in items):
         parts.append(stream_line(chat_id, False))
     if events:

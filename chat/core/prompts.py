@@ -59,3 +59,17 @@ TITLE_INSTRUCTIONS = (
 )
 TITLE_USER_LABEL = "User: "
 TITLE_ASSISTANT_LABEL = "Assistant: "
+
+
+# Added to the system prompt of the runs of a chat whose language is not English
+# (chat.runhost.setup); the offline demo model answers in Chinese when it sees this one.
+CHINESE_LINE = (
+    "The user's interface is in Simplified Chinese: answer in Simplified Chinese (简体中文) "
+    "unless they write in another language."
+)
+LANGUAGE_LINES = {"zh-hans": CHINESE_LINE}
+
+
+def language_line(code: str) -> str:
+    """The system prompt's line asking for answers in the chat's language ("" for English)."""
+    return LANGUAGE_LINES.get((code or "").lower(), "")

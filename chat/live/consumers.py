@@ -17,12 +17,15 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404
+from django.utils import translation
+from django.utils.translation import gettext as _
 
 from chat import actions
 from chat.access import ChatAction, ViewHow, access_chat, note_view
 from chat.inputs import BadInput, parse_object
 from chat.live.direct import DirectDispatch
 from chat.live.doorbell import chat_group
+from chat.live.language import scope_language
 from chat.live.layers import live_layer_alias
 from chat.live.sessions import session_user, user_group
 from chat.live.subscription import ChatSubscription
@@ -65,7 +68,7 @@ def _text(frame: dict[str, Any], name: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise actions.ActionError(f"“{name}” must be text.")
+        raise actions.ActionError(_("“%(name)s” must be text.") % {"name": name})
     return value
 
 
@@ -73,13 +76,13 @@ def _number(frame: dict[str, Any], name: str) -> int:
     """A whole-number field of a frame (forms send text); anything else is refused."""
     value = frame.get(name)
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise actions.ActionError(f"“{name}” must be a number.")
+        raise actions.ActionError(_("“%(name)s” must be a number.") % {"name": name})
     try:
         number = int(value)
     except ValueError:
-        raise actions.ActionError(f"“{name}” must be a number.") from None
+        raise actions.ActionError(_("“%(name)s” must be a number.") % {"name": name}) from None
     if not 0 <= number < 2**53:
-        raise actions.ActionError(f"“{name}” is out of range.")
+        raise actions.ActionError(_("“%(name)s” is out of range.") % {"name": name})
     return number
 
 
@@ -98,6 +101,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        translation.activate(scope_language(self.scope))
         self.chat_id = str(self.scope["url_route"]["kwargs"]["chat_id"])
         if not await self._allowed(ChatAction.VIEW):
             await self.close(code=CLOSE_NOT_FOUND)
@@ -133,19 +137,21 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
         raw = text_data if text_data is not None else (bytes_data or b"").decode("utf-8", "replace")
         if len(raw.encode("utf-8")) > settings.LYCEUM_MAX_FRAME_BYTES:
-            await self._notice("That message is too large to send.")
+            await self._notice(_("That message is too large to send."))
             return
         try:
             # Deep nesting, NUL characters, lone surrogates, huge numbers: refused here.
             frame = parse_object(raw, finite=False)
         except BadInput as exc:
-            await self._notice(f"The page sent something unreadable: {exc.message}")
+            await self._notice(
+                _("The page sent something unreadable: %(why)s") % {"why": exc.message}
+            )
             return
         action = frame.get("action")
         action = action if isinstance(action, str) else ""
         handler = getattr(self, f"do_{action}", None) if action.isidentifier() else None
         if handler is None:
-            await self._notice(f"Unknown action “{action[:40]}”.")
+            await self._notice(_("Unknown action “%(action)s”.") % {"action": action[:40]})
             return
         needed = ChatAction.WRITE if action in WRITE_ACTIONS else ChatAction.VIEW
         if action not in CHECKED_BY_ACT and not await self._allowed(needed):
@@ -160,7 +166,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
         except Exception:
             # One failed action must not take the socket (and the page's live view) down.
             logger.exception("socket action %r on chat %s failed", action, self.chat_id)
-            await self._notice("That did not work because of an error on the server; try again.")
+            await self._notice(_("That did not work because of an error on the server; try again."))
 
     async def _refuse(self, needed: ChatAction) -> None:
         if self.session_ended:  # logged out, password changed, or deactivated
@@ -168,9 +174,9 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             return
         if needed == ChatAction.WRITE and await self._allowed(ChatAction.VIEW):
             # A watcher (say, a teacher) keeps the live view; only the write is refused.
-            await self._notice("You can only watch this chat.")
+            await self._notice(_("You can only watch this chat."))
             return
-        await self._notice("You can no longer use this chat.")
+        await self._notice(_("You can no longer use this chat."))
         await self.close(code=CLOSE_FORBIDDEN)
 
     async def _notice(self, message: str) -> None:

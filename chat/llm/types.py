@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
+from chat.core.i18n import gettext_noop
 from chat.core.messages import ChatMessage, ToolCall
 
 
@@ -96,16 +97,26 @@ class ErrorCategory(StrEnum):
 
 
 USER_MESSAGES: dict[ErrorCategory, str] = {
-    ErrorCategory.UNREACHABLE: "The model provider could not be reached.",
-    ErrorCategory.RATE_LIMITED: "The model provider is rate limiting requests. Try again shortly.",
-    ErrorCategory.PROVIDER_ERROR: "The model provider had an internal error.",
-    ErrorCategory.BAD_REQUEST: "The model provider rejected the request.",
-    ErrorCategory.CONTEXT_TOO_LONG: "The conversation is too long for this model's context window.",
-    ErrorCategory.TIMED_OUT: "The model provider stopped responding in time.",
-    ErrorCategory.MALFORMED_STREAM: "The model provider sent a reply that could not be read.",
-    ErrorCategory.INTERRUPTED: "The reply was interrupted because the server restarted.",
-    ErrorCategory.CANCELLED: "The reply was stopped.",
-    ErrorCategory.INTERNAL: "Lyceum hit an internal error while answering. Please try again.",
+    ErrorCategory.UNREACHABLE: gettext_noop("The model provider could not be reached."),
+    ErrorCategory.RATE_LIMITED: gettext_noop(
+        "The model provider is rate limiting requests. Try again shortly."
+    ),
+    ErrorCategory.PROVIDER_ERROR: gettext_noop("The model provider had an internal error."),
+    ErrorCategory.BAD_REQUEST: gettext_noop("The model provider rejected the request."),
+    ErrorCategory.CONTEXT_TOO_LONG: gettext_noop(
+        "The conversation is too long for this model's context window."
+    ),
+    ErrorCategory.TIMED_OUT: gettext_noop("The model provider stopped responding in time."),
+    ErrorCategory.MALFORMED_STREAM: gettext_noop(
+        "The model provider sent a reply that could not be read."
+    ),
+    ErrorCategory.INTERRUPTED: gettext_noop(
+        "The reply was interrupted because the server restarted."
+    ),
+    ErrorCategory.CANCELLED: gettext_noop("The reply was stopped."),
+    ErrorCategory.INTERNAL: gettext_noop(
+        "Lyceum hit an internal error while answering. Please try again."
+    ),
 }
 
 

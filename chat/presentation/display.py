@@ -17,6 +17,7 @@ from typing import Any
 
 from django.template.loader import render_to_string
 from django.utils.functional import cached_property
+from django.utils.translation import get_language, gettext, gettext_noop
 
 from chat.core import eventlog
 from chat.core.branches import Versions
@@ -31,7 +32,7 @@ from chat.store import StoredEvent
 
 SENDER_PALETTE = 8
 ITEM_CACHE_SIZE = 2048
-MAIN_AGENT_LABEL = "Assistant"
+MAIN_AGENT_LABEL = gettext_noop("Assistant")
 # Event kinds shown as items of their own (besides messages).
 ITEM_KINDS = {
     "compacted",
@@ -50,13 +51,13 @@ CALL_EVENT_KINDS = ("tool_start", "tool_end", "approval_required", "approval_dec
 # Tools whose approval shows the file written rather than the raw arguments.
 FILE_WRITING_TOOLS = {"write_file"}
 STATUS_LABELS = {
-    "waiting": "waiting",
-    "approval": "waiting for approval",
-    "approved": "approved",
-    "running": "running",
-    "done": "done",
-    "failed": "failed",
-    "denied": "denied",
+    "waiting": gettext_noop("waiting"),
+    "approval": gettext_noop("waiting for approval"),
+    "approved": gettext_noop("approved"),
+    "running": gettext_noop("running"),
+    "done": gettext_noop("done"),
+    "failed": gettext_noop("failed"),
+    "denied": gettext_noop("denied"),
 }
 
 
@@ -102,7 +103,7 @@ class CallState:
 
     @property
     def status_label(self) -> str:
-        return STATUS_LABELS.get(self.status, self.status)
+        return gettext(STATUS_LABELS[self.status]) if self.status in STATUS_LABELS else self.status
 
     @property
     def pretty_arguments(self) -> str:
@@ -156,7 +157,7 @@ class DisplayItem:
 
     @property
     def sender(self) -> str:
-        return (self.message.sender_name if self.message else None) or MAIN_AGENT_LABEL
+        return (self.message.sender_name if self.message else None) or gettext(MAIN_AGENT_LABEL)
 
     @property
     def colour(self) -> int | None:
@@ -245,7 +246,7 @@ def render_item(item: DisplayItem, *, chat_id=None) -> str:
     """The item through its partial; cached when the chat is known (a seq is per chat)."""
     if chat_id is None:
         return render_to_string(item.template, {"item": item})
-    key = f"{chat_id}:{item.seq}:{item.state_key}"
+    key = f"{chat_id}:{item.seq}:{item.state_key}:{get_language()}"
     html = _rendered_items.get(key)
     if html is None:
         html = render_to_string(item.template, {"item": item})

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.utils.translation import get_language, gettext
 
 from chat import artifacts, store
 from chat.catalog import available_models
@@ -104,10 +105,14 @@ def stream_slot(
     )
 
 
-@lru_cache(maxsize=1)
 def idle_stream_slot() -> str:
     """The empty slot (nothing being written), pushed after every written reply."""
-    return stream_slot()
+    return _idle_stream_slot(get_language())
+
+
+@lru_cache(maxsize=8)
+def _idle_stream_slot(language: str | None) -> str:
+    return stream_slot()  # its label is in the language it is rendered in
 
 
 def partial_stream_slot(
@@ -130,7 +135,7 @@ def error_notice(message: str) -> str:
 
 def title(chat_id: str, text: str) -> str:
     """The chat's title in the header and in the sidebar list."""
-    chat = SimpleNamespace(pk=chat_id, title=text, display_title=text or "New chat")
+    chat = SimpleNamespace(pk=chat_id, title=text, display_title=text or gettext("New chat"))
     return _oob("chat/_title.html", chat=chat, can_write=True) + _oob(
         "chat/_chat_link.html", c=chat
     )
@@ -154,24 +159,23 @@ def _changes_artifacts(event: StoredEvent) -> bool:
 def _status_for(event: StoredEvent) -> str | None:
     p = event.payload
     match event.kind:
-        case "run_start":
-            return "Thinking…"
-        case "iteration_start":
-            return "Thinking…"
+        case "run_start" | "iteration_start" | "hand_end" | "tool_end":
+            return gettext("Thinking…")
         case "retrying":
-            return f"Retrying in {round(float(p.get('delay', 0)))} s: {p.get('message', '')}"
+            return gettext("Retrying in %(seconds)s s: %(why)s") % {
+                "seconds": round(float(p.get("delay", 0))),
+                "why": gettext(str(p.get("message") or "")) if p.get("message") else "",
+            }
         case "compacting":
-            return "Compacting the conversation…"
+            return gettext("Compacting the conversation…")
         case "approval_required":
-            return "Waiting for your approval"
+            return gettext("Waiting for your approval")
         case "hand_start":
-            return f"Sub-agent {p.get('label', '')} is working…"
-        case "hand_end":
-            return "Thinking…"
+            return gettext("Sub-agent %(label)s is working…") % {"label": p.get("label", "")}
         case "tool_start":
-            return f"Using {p.get('name') or 'a tool'}…"
-        case "tool_end":
-            return "Thinking…"
+            if p.get("name"):
+                return gettext("Using %(tool)s…") % {"tool": p["name"]}
+            return gettext("Using a tool…")
     return None
 
 

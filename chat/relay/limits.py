@@ -36,6 +36,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q, Sum
 from django.db.models.functions import Least
+from django.utils.translation import gettext_noop
 
 from chat.models import RelayLimit, UsageCounter, UsageRecord
 from chat.relay import ttlcache
@@ -224,17 +225,18 @@ def _change(policies: list[Policy], period: str, *, used: int, held: int) -> Non
     )
 
 
+# In English in the relay's OpenAI-shaped errors; a chat page shows them translated
+# (``gettext`` of the message, chat/actions.py).
+BUDGET_SPENT = gettext_noop(
+    "The monthly token budget is spent (or too little is left for this request's max_tokens)."
+)
+TOO_MANY_REQUESTS = gettext_noop("Too many requests: slow down and retry after a moment.")
+
+
 def _refusal(reason: str, wait: float) -> Refused:
     if reason == "budget":
-        return Refused(
-            "budget",
-            seconds_to_next_period(),
-            "The monthly token budget is spent (or too little is left for this request's "
-            "max_tokens).",
-        )
-    return Refused(
-        "rate_limit", math.ceil(wait), "Too many requests: slow down and retry after a moment."
-    )
+        return Refused("budget", seconds_to_next_period(), BUDGET_SPENT)
+    return Refused("rate_limit", math.ceil(wait), TOO_MANY_REQUESTS)
 
 
 # --- the database ---------------------------------------------------------------------------

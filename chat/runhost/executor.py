@@ -25,7 +25,8 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
+from django.utils import timezone, translation
+from django.utils.translation import gettext_noop
 
 from chat import store
 from chat.agent import events as ev
@@ -315,6 +316,9 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
         return
     if prepared is None:
         return
+    # What the run renders (its live fragments, run status) is in the chat's language;
+    # the task has a context of its own (_background), so this stays within the run.
+    translation.activate(prepared.chat.language or settings.LANGUAGE_CODE)
     host = DjangoRunHost(prepared.run, prepared.context)
     host.prefetched_queue = prepared.queued
     _hosts[run_id] = host
@@ -400,7 +404,8 @@ async def _compact_only(loop: AgentLoop) -> LoopOutcome:
     """ "Compact now": the same compaction path as automatic, outside a reply."""
     if not await loop.compact_now():
         raise ProviderError(
-            ErrorCategory.PROVIDER_ERROR, "The conversation could not be compacted right now."
+            ErrorCategory.PROVIDER_ERROR,
+            gettext_noop("The conversation could not be compacted right now."),
         )
     return LoopOutcome("completed")
 
@@ -460,7 +465,7 @@ async def _end(host, loop: AgentLoop, how: str, category=None, message: str = ""
     else:
         if how == "guard":
             category = ErrorCategory.TIMED_OUT
-            message = "The reply took longer than the time limit and was stopped."
+            message = gettext_noop("The reply took longer than the time limit and was stopped.")
         category = ErrorCategory(category or ErrorCategory.PROVIDER_ERROR)
         message = message or USER_MESSAGES[category]
         event = ev.Error(category=str(category), message=message, partial_text=text)

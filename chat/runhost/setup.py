@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from chat.core.prompts import language_line
 from chat.models import ChatSession, Run
 
 DEFAULT_MAX_ROUNDS = 12
@@ -37,6 +38,14 @@ def register_run_setup(kind: str, factory: RunSetupFactory) -> None:
 
 
 def setup_for(chat: ChatSession) -> RunSetup:
+    setup = _setup_of_kind(chat)
+    line = language_line(chat.language)
+    if line:  # the model answers in the chat's language
+        setup.system_prompt = f"{setup.system_prompt}\n\n{line}".strip()
+    return setup
+
+
+def _setup_of_kind(chat: ChatSession) -> RunSetup:
     factory = _setups.get(chat.kind)
     if factory is not None:
         return factory(chat)

@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from django.utils.translation import gettext_noop
 
 from chat import store
 from chat.agent import events as ev
@@ -37,11 +38,11 @@ from chat.runhost.host import DjangoRunHost, partial_message, stamp
 LIVE = [Run.Status.RUNNING, Run.Status.WAITING]
 DISPATCH_GRACE = timedelta(seconds=45)
 STALE_AFTER = timedelta(seconds=15)  # the default of settings.LYCEUM_RUN_STALE_SECONDS
-INTERRUPTED_MESSAGE = (
+INTERRUPTED_MESSAGE = gettext_noop(
     "The reply was interrupted because the process running it stopped. "
     "The text written so far is kept."
 )
-NEVER_STARTED_MESSAGE = (
+NEVER_STARTED_MESSAGE = gettext_noop(
     "The reply never started: no process took it in time, even when it was handed over "
     "again. Send the message again."
 )

@@ -2,6 +2,7 @@ import json
 
 from django import template
 from django.utils.safestring import mark_safe
+from django.utils.translation import gettext
 
 from chat.artifacts import human_size
 from chat.presentation.markdown import render_markdown_uncached
@@ -32,3 +33,11 @@ def filesize(value) -> str:
 @register.filter
 def basename(path: str) -> str:
     return str(path or "").rsplit("/", 1)[-1]
+
+
+@register.filter
+def translated(text) -> str:
+    """A text stored in English in the log (an error's message), in the page's language
+    when it is one of the app's own texts (marked ``gettext_noop`` where it is written);
+    anything else, such as a provider's own words, as it is."""
+    return gettext(str(text)) if text else ""

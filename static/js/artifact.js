@@ -7,8 +7,8 @@
     const source = document.getElementById(button.dataset.copyTarget);
     if (!source || !navigator.clipboard) return;
     navigator.clipboard.writeText(source.value).then(() => {
-      button.textContent = "Copied";
-      setTimeout(() => { button.textContent = "Copy"; }, 1500);
+      button.textContent = lyceumText("copied", "Copied");
+      setTimeout(() => { button.textContent = lyceumText("copy", "Copy"); }, 1500);
     }, () => {});
   });
 })();

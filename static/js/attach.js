@@ -25,8 +25,8 @@
     label.textContent = `${data.name} (${data.size_text})`;
     const remove = document.createElement("button");
     remove.type = "button";
-    remove.textContent = "Remove";
-    remove.setAttribute("aria-label", `Remove ${data.name}`);
+    remove.textContent = lyceumText("remove", "Remove");
+    remove.setAttribute("aria-label", lyceumText("removeFile", "Remove %(name)s", { name: data.name }));
     remove.addEventListener("click", () => item.remove());
     item.append(input, label, remove);
     list.append(item);
@@ -46,11 +46,11 @@
           headers: { "X-CSRFToken": cookie("csrftoken") },
         });
       } catch (_error) {
-        notice(`Could not upload ${file.name}.`);
+        notice(lyceumText("couldNotUpload", "Could not upload %(name)s.", { name: file.name }));
         continue;
       }
-      const data = await response.json().catch(() => ({ error: "The upload failed." }));
-      if (!response.ok) { notice(data.error || "The upload failed."); continue; }
+      const data = await response.json().catch(() => ({ error: lyceumText("uploadFailed", "The upload failed.") }));
+      if (!response.ok) { notice(data.error || lyceumText("uploadFailed", "The upload failed.")); continue; }
       chip(list, data);
     }
   }

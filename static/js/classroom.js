@@ -6,7 +6,7 @@
     if (!button || !navigator.clipboard) return;
     const label = button.textContent;
     navigator.clipboard.writeText(button.dataset.copy || "").then(() => {
-      button.textContent = "Copied";
+      button.textContent = lyceumText("copied", "Copied");
       setTimeout(() => { button.textContent = label; }, 1500);
     }, () => {});
   });

@@ -23,10 +23,13 @@
     const button = document.createElement("button");
     button.type = "button";
     button.className = className;
-    button.textContent = "Copy";
+    button.textContent = lyceumText("copy", "Copy");
     button.setAttribute("aria-label", label);
     button.addEventListener("click", () => {
-      const done = () => { button.textContent = "Copied"; setTimeout(() => { button.textContent = "Copy"; }, 1500); };
+      const done = () => {
+        button.textContent = lyceumText("copied", "Copied");
+        setTimeout(() => { button.textContent = lyceumText("copy", "Copy"); }, 1500);
+      };
       if (navigator.clipboard) navigator.clipboard.writeText(text()).then(done, () => {});
     });
     return button;
@@ -46,7 +49,7 @@
         label.textContent = lang;
         head.appendChild(label);
       }
-      head.appendChild(copyButton("Copy code", "copy-code", () =>
+      head.appendChild(copyButton(lyceumText("copyCode", "Copy code"), "copy-code", () =>
         pre.querySelector("code") ? pre.querySelector("code").innerText : pre.innerText));
       pre.parentNode.insertBefore(head, pre);
     });
@@ -57,7 +60,7 @@
       msg.dataset.copy = "1";
       const actions = document.createElement("div");
       actions.className = "msg-actions";
-      actions.appendChild(copyButton("Copy message", "copy-message", () => bubble.innerText.trim()));
+      actions.appendChild(copyButton(lyceumText("copyMessage", "Copy message"), "copy-message", () => bubble.innerText.trim()));
       bubble.after(actions);
     });
   }
@@ -89,8 +92,8 @@
   function markOffline() {
     document.body.dataset.ws = "closed";
     showConnection(pendingSend()
-      ? "Reconnecting… Your message is kept and goes out when the connection is back."
-      : "Reconnecting… What you type is kept; a message sent now goes out when the connection is back.");
+      ? lyceumText("reconnectingPending", "Reconnecting… Your message is kept and goes out when the connection is back.")
+      : lyceumText("reconnecting", "Reconnecting… What you type is kept; a message sent now goes out when the connection is back."));
   }
 
   // The socket opened (or reopened): tell the server where this page is.
@@ -105,7 +108,7 @@
     const code = event.detail.event ? event.detail.event.code : 1006;
     if (REFUSED.includes(code)) {
       document.body.dataset.ws = "closed";
-      showConnection("Disconnected: this chat is no longer available to you. Reload the page.");
+      showConnection(lyceumText("refused", "Disconnected: this chat is no longer available to you. Reload the page."));
       return;
     }
     markOffline();

@@ -2,6 +2,20 @@
 // buttons for read-only fields. Loaded in <head> so the theme applies before paint.
 (function () {
   "use strict";
+  // The page's texts in its language (base.html renders them as #lyceum-texts, JSON):
+  // lyceumText("copy", "Copy"), with %(name)s filled from the values given.
+  let texts = null;
+  window.lyceumText = function (key, fallback, values) {
+    if (texts === null) {
+      const block = document.getElementById("lyceum-texts");
+      try { texts = block ? JSON.parse(block.textContent) : {}; } catch (e) { texts = {}; }
+    }
+    let text = texts[key] || fallback;
+    Object.entries(values || {}).forEach(([name, value]) => {
+      text = text.split(`%(${name})s`).join(String(value));
+    });
+    return text;
+  };
   const KEY = "lyceum-theme";
   const root = document.documentElement;
   const stored = () => { try { return localStorage.getItem(KEY); } catch (e) { return null; } };
@@ -31,7 +45,10 @@
     if (copy) {
       const field = document.getElementById(copy.getAttribute("aria-controls") || "");
       if (!field) return;
-      const done = () => { copy.textContent = "Copied"; setTimeout(() => { copy.textContent = "Copy"; }, 1500); };
+      const done = () => {
+        copy.textContent = lyceumText("copied", "Copied");
+        setTimeout(() => { copy.textContent = lyceumText("copy", "Copy"); }, 1500);
+      };
       if (navigator.clipboard) navigator.clipboard.writeText(field.value).then(done, () => {});
       else { field.select(); }
     }
@@ -43,6 +60,13 @@
     if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
       event.preventDefault();
       if (box.value.trim() && box.form) box.form.requestSubmit();
+    }
+  });
+  // The language picker switches as soon as a language is chosen (its button is for no-JS).
+  document.addEventListener("change", (event) => {
+    const select = event.target;
+    if (select instanceof HTMLSelectElement && select.id === "language-select" && select.form) {
+      select.form.requestSubmit();
     }
   });
   // A form posted once: its button waits, so a double press makes one chat.

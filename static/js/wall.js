@@ -39,7 +39,7 @@
         Array.from(tile.querySelectorAll(".tile-item.student"))
           .filter((li) => parseInt(li.dataset.seq, 10) > read).length;
       const badge = tile.querySelector(".unread");
-      if (badge) { badge.textContent = unread + " new"; badge.hidden = unread === 0; }
+      if (badge) { badge.textContent = lyceumText("unreadNew", "%(count)s new", { count: unread }); badge.hidden = unread === 0; }
       tile.classList.toggle("flagged", !!tile.querySelector(".flag"));
     });
     arrange();

@@ -46,6 +46,12 @@ is not available. Special modes, chosen from the system prompt or the request:
   ``FLAG: <reason>`` when the message holds a word of ``MODERATION_DEMO_WORDS``
   ("unsafe-demo"), ``OK`` otherwise.
 
+**In Chinese** (``texts_zh``): when the chat's language is Chinese (its system prompt holds
+``chat.core.prompts.CHINESE_LINE``) or the user's last message holds Chinese characters, the
+default answer, tool calls and their results, denials, code, ``long``, ``markdown`` and
+sub-agent reports are in Simplified Chinese; ``计算 12*7``, ``几点``, ``写文件``, ``代码`` and
+``长回答`` work like their English keywords.
+
 Pure and deterministic: the only "randomness" is a ``random.Random`` seeded from a hash of
 the request.
 """
@@ -65,6 +71,7 @@ from chat.core.channels import strip_agent_xml_tag
 from chat.core.compact import COMPACT_TOOL_NAME, SUMMARY_INSTRUCTIONS
 from chat.core.messages import ChatMessage, Role, ToolCall
 from chat.core.prompts import (
+    CHINESE_LINE,
     DENIED_REASON_LABEL,
     DENIED_TEXT,
     EXPIRED_TEXT,
@@ -77,7 +84,7 @@ from chat.core.prompts import (
     USER_APPENDED_PREFIX,
 )
 from chat.core.voices import cast_from_prompt
-from chat.llm.demo import classroom
+from chat.llm.demo import classroom, texts_zh
 from chat.llm.demo.texts import (
     DEFAULT_DELEGATE_TASK,
     DEFAULT_FILE,
@@ -127,6 +134,7 @@ class _Turn:
     request: ChatRequest
     rng: random.Random
     offered: dict[str, dict[str, Any]]  # tool name → its "function" spec
+    zh: bool = False  # answer in Simplified Chinese (see wants_chinese)
 
 
 def request_digest(request: ChatRequest) -> str:
@@ -157,6 +165,7 @@ def plan_reply(request: ChatRequest) -> DemoReply:
         request=request,
         rng=random.Random(int(digest[:16], 16)),
         offered=offered_tools(request),
+        zh=wants_chinese(request),
     )
     last = request.messages[-1] if request.messages else None
     sub_agent = SUB_AGENT_PROMPT in request.system_prompt
@@ -189,6 +198,17 @@ def plan_reply(request: ChatRequest) -> DemoReply:
         if reply is not None:
             return reply
     return _default_reply(turn, text)
+
+
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def wants_chinese(request: ChatRequest) -> bool:
+    """Answer in Chinese: the chat's language is Chinese (its system prompt says so,
+    ``chat.core.prompts.CHINESE_LINE``), or the user's last message is written in it."""
+    if CHINESE_LINE in request.system_prompt:
+        return True
+    return _HAN.search(_last_user_text(request.messages)) is not None
 
 
 # The moderation check's words: a message with one of them is flagged, any other is OK.
@@ -265,6 +285,19 @@ def _call_tool(
 ) -> DemoReply:
     """A tool call when the request offers the tool, otherwise a text saying it cannot."""
     spec = turn.offered.get(name)
+    if turn.zh:
+        purpose_zh = texts_zh.TOOL_PURPOSES.get(name, name).format(
+            expression=arguments.get("expression", ""), path=arguments.get("path", "")
+        )
+        if spec is None:
+            return DemoReply(
+                reasoning=texts_zh.tool_reasoning(name, purpose_zh),
+                text=texts_zh.tool_missing(name, purpose_zh),
+            )
+        return DemoReply(
+            reasoning=texts_zh.tool_reasoning(name, purpose_zh),
+            tool_call=PlannedToolCall(name, _fit_arguments(spec, arguments)),
+        )
     if spec is None:
         return DemoReply(
             reasoning=(
@@ -289,6 +322,7 @@ def _call_tool(
 
 _CALC_KEYWORD = re.compile(r"\b(?:calculate|calc)\b[\s:]*(?P<rest>.*)", re.I | re.S)
 # Every pattern here is linear in the input: user text can be long and hostile.
+_CALC_KEYWORD_ZH = re.compile(r"(?:计算|算一下|算算)[\s:：]*(?P<rest>.*)", re.S)
 _QUESTION_PREFIX = re.compile(r"^\s*(?:what\s+is|what's|whats|how\s+much\s+is|compute)\b", re.I)
 _ARITHMETIC_RUN = re.compile(r"[-+*/%^().\d \t]+")
 _OPERATOR = re.compile(r"[\d)][ \t]*(?:\*\*|[-+*/%^])[ \t(+-]*[\d.(]")
@@ -318,7 +352,7 @@ def _calculation_requested(text: str) -> str | None:
     candidate = _QUESTION_PREFIX.sub("", text).strip().rstrip("?=!. \t")
     if _ARITHMETIC_RUN.fullmatch(candidate) and _OPERATOR.search(candidate):
         return _trimmed_expression(candidate)
-    keyword = _CALC_KEYWORD.search(text)
+    keyword = _CALC_KEYWORD.search(text) or _CALC_KEYWORD_ZH.search(text)
     if keyword is None:
         return None
     rest = keyword["rest"]
@@ -343,7 +377,7 @@ def _rule_calculator(turn: _Turn, text: str) -> DemoReply | None:
 
 
 def _rule_time(turn: _Turn, text: str) -> DemoReply | None:
-    if not _has_word("time", text):
+    if not _has_word("time", text) and not re.search(r"时间|几点", text):
         return None
     return _call_tool(
         turn, "current_time", {}, purpose="look up the current time", asked="tell the time"
@@ -368,6 +402,8 @@ def _file_request(verb: str, text: str) -> tuple[bool, str | None]:
 
 def _rule_write_file(turn: _Turn, text: str) -> DemoReply | None:
     asked, name = _file_request("write", text)
+    if not asked and re.search(r"写(?:一个|个|一份)?文件", text):
+        asked = True
     if not asked:
         return None
     path = name or DEFAULT_FILE
@@ -422,8 +458,13 @@ def _rule_delegate(turn: _Turn, text: str) -> DemoReply | None:
 
 
 def _rule_code(turn: _Turn, text: str) -> DemoReply | None:
-    if not _has_word("code", text):
+    if not _has_word("code", text) and "代码" not in text:
         return None
+    if turn.zh:
+        return DemoReply(
+            reasoning=f"用户想要代码：“{quote(text)}”。我给出一个简短的 Python 函数和运行它的命令。",
+            text=texts_zh.code_answer(text),
+        )
     return DemoReply(
         reasoning=(
             f"The user asked for code: “{quote(text)}”. I will show a short Python "
@@ -434,8 +475,13 @@ def _rule_code(turn: _Turn, text: str) -> DemoReply | None:
 
 
 def _rule_long(turn: _Turn, text: str) -> DemoReply | None:
-    if not _has_word("long", text):
+    if not _has_word("long", text) and not re.search(r"长回答|长一点|长文", text):
         return None
+    if turn.zh:
+        return DemoReply(
+            reasoning="用户想要一个长回答。我会写几个小节和一个列表，留出时间观看流式输出和按停止。",
+            text=texts_zh.long_answer(text),
+        )
     return DemoReply(
         reasoning=(
             "The user asked for a long answer. I will write several sections and a list "
@@ -472,6 +518,11 @@ def _rule_xss(turn: _Turn, text: str) -> DemoReply | None:
 def _rule_markdown(turn: _Turn, text: str) -> DemoReply | None:
     if not _has_word("markdown", text):
         return None
+    if turn.zh:
+        return DemoReply(
+            reasoning="用户想看 markdown。我会在一个回答里用标题、表格、列表、强调、引文和行内代码。",
+            text=texts_zh.markdown_answer(text),
+        )
     return DemoReply(
         reasoning=(
             "The user wants to see markdown. I will use headings, a table, lists, emphasis, "
@@ -497,6 +548,18 @@ _USER_RULES: tuple[Callable[[_Turn, str], DemoReply | None], ...] = (
 
 
 def _default_reply(turn: _Turn, text: str) -> DemoReply:
+    if turn.zh:
+        tips_zh = texts_zh.tips(turn.rng.sample(texts_zh.SUGGESTIONS, 3))
+        if not text:
+            return DemoReply(
+                reasoning="用户发送了空消息。我会问好并建议可以尝试的内容。",
+                text=texts_zh.greeting(tips_zh),
+            )
+        opener = turn.rng.choice(texts_zh.OPENERS)
+        return DemoReply(
+            reasoning=texts_zh.default_reasoning(text),
+            text=texts_zh.default_answer(opener, text, tips_zh),
+        )
     suggestions = turn.rng.sample(SUGGESTIONS, 3)
     tips = f"Try {suggestions[0]}, {suggestions[1]} or {suggestions[2]} to see what Lyceum can do."
     if not text:
@@ -562,7 +625,13 @@ def _reply_to_tool_result(turn: _Turn, result: ChatMessage) -> DemoReply | None:
     first_line = (content.splitlines() or [""])[0]
     # The denial sentence comes first; a file that merely contains "denied" is not a denial.
     if first_line.lower().startswith(DENIED_TEXT.lower()):
-        return _denial_reply(name, content)
+        return _denial_reply(name, content, turn.zh)
+    if first_line.startswith(EXPIRED_TEXT) and turn.zh:
+        action = texts_zh.DENIED_ACTIONS.get(name, f"运行 {name}")
+        return DemoReply(
+            reasoning=f"没有人回答 {name} 的审批请求。我会说明这一点。",
+            text=texts_zh.expired(action),
+        )
     if first_line.startswith(EXPIRED_TEXT):
         action = _DENIED_ACTIONS.get(name, f"run {name}")
         return DemoReply(
@@ -572,6 +641,11 @@ def _reply_to_tool_result(turn: _Turn, result: ChatMessage) -> DemoReply | None:
     if _ERROR_RESULT.match(content):
         detail = _ERROR_PREFIX.sub("", first_line).strip() or "no details"
         ending = "" if detail[-1] in ".!?" else "."
+        if turn.zh:
+            return DemoReply(
+                reasoning=f"{name} 工具报告了一个错误。我会直接告诉用户。",
+                text=texts_zh.tool_error(name, detail + ending),
+            )
         return DemoReply(
             reasoning=f"The {name} tool reported an error. I will tell the user plainly.",
             text=f"The `{name}` tool reported an error, so that step did not work: {detail}{ending}",
@@ -580,15 +654,27 @@ def _reply_to_tool_result(turn: _Turn, result: ChatMessage) -> DemoReply | None:
     chained = _chained_read(turn, name, arguments)
     if chained is not None:
         return chained
+    if turn.zh:
+        path = str(arguments.get("path") or DEFAULT_FILE)
+        text = texts_zh.result_text(
+            name, path, content, _fenced(content[:2000]), _calculator_value(content)
+        )
+        return DemoReply(reasoning=f"{name} 工具返回了结果。我会用它来回答用户。", text=text)
     return DemoReply(reasoning=reasoning, text=_result_text(name, arguments, content))
 
 
-def _denial_reply(tool_name: str, content: str) -> DemoReply:
+def _denial_reply(tool_name: str, content: str, zh: bool = False) -> DemoReply:
     action = _DENIED_ACTIONS.get(tool_name, f"run {tool_name}")
     reason_match = re.search(
         rf"{re.escape(DENIED_REASON_LABEL)}\s*(?P<reason>.*)", content, re.I | re.S
     )
     reason = reason_match["reason"].strip() if reason_match else ""
+    if zh:
+        action = texts_zh.DENIED_ACTIONS.get(tool_name, f"运行 {tool_name}")
+        return DemoReply(
+            reasoning=f"用户拒绝了 {tool_name} 调用。我会确认这一点，不再尝试。",
+            text=texts_zh.denied(action, reason.rstrip(".!?。！？")),
+        )
     if reason:
         ending = "" if reason[-1] in ".!?" else "."
         text = f"Understood — I did not {action} because you denied it: {reason}{ending}"
@@ -669,6 +755,11 @@ def _sub_agent_reply(turn: _Turn, task: str) -> DemoReply:
             {"expression": expression},
             purpose=f"evaluate {expression}",
             asked=f"work on a task that needs {expression}",
+        )
+    if turn.zh:
+        return DemoReply(
+            reasoning=f"我是处理“{quote(task)}”的子代理。我会向主代理简短汇报。",
+            text=texts_zh.sub_agent_report(SUB_AGENT_PREFIX, task),
         )
     finding = turn.rng.choice(FINDINGS)
     return DemoReply(
