@@ -745,6 +745,7 @@ async def authenticated(raw_key: str) -> ApiKey:
     if not raw_key:
         return _key_or_error(None)
     writer.ensure_running()
+    ttlcache.ensure_keeper()
     name = ("key", hash_key(raw_key))
     hit, key = ttlcache.peek(name, lambda: authenticate_api_key(raw_key))
     if not hit:
