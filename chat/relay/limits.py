@@ -293,6 +293,11 @@ def _redis() -> Any:
     return _redis_for(settings.REDIS_URL)
 
 
+@lru_cache(maxsize=2)
+def _admit_script(url: str) -> Any:
+    return _redis_for(url).register_script(_ADMIT)
+
+
 def _prefix() -> str:
     return f"{settings.LYCEUM_REDIS_PREFIX}:relay"
 
@@ -308,7 +313,7 @@ def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hol
     for policy in policies:
         keys += [f"{_prefix()}:bucket:{policy.scope}", _budget_key(policy.scope, period)]
         args += [policy.requests_per_minute, policy.burst, policy.monthly_tokens]
-    script = client.register_script(_ADMIT)
+    script = _admit_script(settings.REDIS_URL)
     for _ in range(len(policies) + 1):
         result = script(keys=keys, args=args)
         if int(result[0]) == 1:
