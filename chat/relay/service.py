@@ -822,7 +822,8 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             if miss.load is None:
                 break
             # Everything prepare reads, loaded in one trip (entries expire together).
-            await ttlcache.fill(("warm", miss.key), functools.partial(_warm, api_key, data, miss))
+            warm = functools.partial(_warm, api_key, data, miss)
+            await ttlcache.fill(("warm", miss.key), warm, keep=False)
     return await database_sync_to_async(prepare)(api_key, data)
 
 

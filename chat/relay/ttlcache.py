@@ -51,14 +51,14 @@ class Miss(Exception):
 _filling: dict[Hashable, asyncio.Future[Any]] = {}
 
 
-async def fill(key: Hashable, load: Callable[[], Any]) -> Any:
+async def fill(key: Hashable, load: Callable[[], Any], *, keep: bool = True) -> Any:
     """``cached(key, load)`` on the database thread, once however many requests ask at once
     (a burst after the entry expired makes one database trip, not one per request)."""
     from channels.db import database_sync_to_async
 
     running = _filling.get(key)
     if running is None:
-        running = asyncio.ensure_future(database_sync_to_async(cached)(key, load))
+        running = asyncio.ensure_future(database_sync_to_async(cached)(key, load, keep=keep))
         _filling[key] = running
         running.add_done_callback(lambda _done: _filling.pop(key, None))
     return await asyncio.shield(running)
@@ -147,7 +147,9 @@ def _put(key: Hashable, value: Any) -> None:
     _store[key] = (time.monotonic() + settings.LYCEUM_RELAY_CACHE_SECONDS, value)
 
 
-def cached(key: Hashable, load: Callable[[], T]) -> T:
+def cached(key: Hashable, load: Callable[[], T], *, keep: bool = True) -> T:
+    """``key``'s value, loaded with ``load`` when not held (``keep``: the keeper reloads
+    it while it is read; not for a one-off such as a warm-up that loads other entries)."""
     ttl = settings.LYCEUM_RELAY_CACHE_SECONDS
     if ttl <= 0:
         if _offline.get():
@@ -155,8 +157,9 @@ def cached(key: Hashable, load: Callable[[], T]) -> T:
         return load()
     now = time.monotonic()
     hit = _store.get(key)
-    _used[key] = now
-    _loaders[key] = load
+    if keep:
+        _used[key] = now
+        _loaders[key] = load
     if hit is not None and hit[0] > now:
         return hit[1]  # type: ignore[no-any-return]
     if _offline.get():
