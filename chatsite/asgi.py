@@ -8,9 +8,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 # Django must be set up before anything imports models (consumers, routing).
 django_asgi_app = get_asgi_application()
 
+from chatsite.backlog import install as install_backlog  # noqa: E402
 from chatsite.nodelay import install as install_nodelay  # noqa: E402
 
 install_nodelay()
+install_backlog()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 
 from chat import throttle
-from chat.relay import service
+from chat.relay import quiet, service
 from chat.relay.service import RelayError
 
 logger = logging.getLogger(__name__)
@@ -132,6 +132,7 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         location = f"https://{host}{path}" + (f"?{query}" if query else "")
         await _respond(send, 301, b"", b"text/plain", [(b"location", location.encode("latin-1"))])
         return
+    starting = quiet.Starting()
     try:
         if scope["method"] != method:
             raise _MethodNotAllowed(method)
@@ -144,7 +145,7 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
             limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
             limit = service.MAX_BODY_BYTES if limit is None else limit
             body = await _read_body(receive, limit)
-            await _chat_completions(api_key, body, receive, send)
+            await _chat_completions(api_key, body, receive, send, starting)
     except _MethodNotAllowed as exc:
         error = RelayError(405, f"Use {exc.method}.", code="method_not_allowed")
         await _error(send, error, [(b"allow", exc.method.encode())])
@@ -157,6 +158,8 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await _error(
             send, RelayError(500, "The relay failed; try again.", "api_error", "internal_error")
         )
+    finally:
+        starting.done()
 
 
 class _MethodNotAllowed(Exception):
@@ -172,7 +175,9 @@ async def _models(send: Send) -> None:
     await _json(send, 200, {"object": "list", "data": data})
 
 
-async def _chat_completions(api_key: Any, body: bytes, receive: Receive, send: Send) -> None:
+async def _chat_completions(
+    api_key: Any, body: bytes, receive: Receive, send: Send, starting: quiet.Starting
+) -> None:
     data = service.parse_body(body)
     prep = await service.prepared(api_key, data)
     outcome = service.Outcome()
@@ -207,7 +212,7 @@ async def _chat_completions(api_key: Any, body: bytes, receive: Receive, send: S
             ],
         }
     )
-    stream = _stream(prep, upstream, outcome, send)
+    stream = _stream(prep, upstream, outcome, send, starting)
     streaming = asyncio.ensure_future(stream)
     watching = asyncio.ensure_future(_disconnected(receive))
     try:
@@ -227,12 +232,17 @@ async def _chat_completions(api_key: Any, body: bytes, receive: Receive, send: S
 
 
 async def _stream(
-    prep: service.Prepared, upstream: Any, outcome: service.Outcome, send: Send
+    prep: service.Prepared,
+    upstream: Any,
+    outcome: service.Outcome,
+    send: Send,
+    starting: quiet.Starting,
 ) -> None:
     chunks = service.relay_stream(prep, upstream, outcome)
     try:
         async for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            starting.done()
     finally:
         await chunks.aclose()
 

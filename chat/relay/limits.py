@@ -394,6 +394,11 @@ def _redis() -> Any:
     return _redis_for(settings.REDIS_URL)
 
 
+@lru_cache(maxsize=2)
+def _admit_script(url: str) -> Any:
+    return _redis_for(url).register_script(_ADMIT)
+
+
 def _prefix() -> str:
     return f"{settings.LYCEUM_REDIS_PREFIX}:relay"
 
@@ -418,7 +423,7 @@ def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hol
             policy.monthly_tokens,
             repr(float(policy.lockout)),
         ]
-    script = client.register_script(_ADMIT)
+    script = _admit_script(settings.REDIS_URL)
     for _ in range(len(policies) + 1):
         result = script(keys=keys, args=args)
         if int(result[0]) == 1:

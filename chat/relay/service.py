@@ -302,6 +302,11 @@ def _record_refusal(
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
     weakref.WeakKeyDictionary()
 )
+# The client's own transport when it has no proxy to go through: requests are handed to it
+# directly (see _send).
+_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioTransport] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def client() -> httpx.AsyncClient:
@@ -309,24 +314,51 @@ def client() -> httpx.AsyncClient:
     loop = asyncio.get_running_loop()
     kept = _clients.get(loop)
     if kept is None or kept.is_closed:
-        timeout = httpx.Timeout(
-            settings.LYCEUM_RELAY_TIMEOUT, connect=settings.LYCEUM_CONNECT_TIMEOUT
-        )
         limits_ = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+        _transports.pop(loop, None)
         if environment_proxy_for(settings.LYCEUM_OPENAI_BASE_URL or "http://x"):
-            kept = httpx.AsyncClient(timeout=timeout, limits=limits_)
+            kept = httpx.AsyncClient(timeout=_timeout(), limits=limits_)
         else:
-            kept = httpx.AsyncClient(
-                transport=AsyncioTransport(limits=limits_), timeout=timeout, limits=limits_
-            )
+            transport = AsyncioTransport(limits=limits_)
+            kept = httpx.AsyncClient(transport=transport, timeout=_timeout(), limits=limits_)
+            _transports[loop] = transport
         _clients[loop] = kept
     return kept
+
+
+def _timeout() -> httpx.Timeout:
+    return httpx.Timeout(settings.LYCEUM_RELAY_TIMEOUT, connect=settings.LYCEUM_CONNECT_TIMEOUT)
+
+
+async def _send(request: httpx.Request) -> httpx.Response:
+    """``client().send(request, stream=True)``, skipping the client where it adds nothing.
+
+    Without a proxy the request goes straight to the transport: the client's layers
+    (auth and redirect generators, event hooks, and a cookie jar that parsed every
+    response's headers with the email package and would have sent one upstream's
+    cookies with everyone's later requests) cost more CPU than the relay's own work.
+    The request carries its timeouts itself (``_request``).
+    """
+    http = client()
+    transport = _transports.get(asyncio.get_running_loop())
+    if transport is None:
+        return await http.send(request, stream=True)
+    response = await transport.handle_async_request(request)
+    response.request = request
+    return response
+
+
+def _request(url: str, body: bytes, headers: dict[str, str]) -> httpx.Request:
+    return httpx.Request(
+        "POST", url, content=body, headers=headers, extensions={"timeout": _timeout().as_dict()}
+    )
 
 
 async def close_clients() -> None:
     for kept in list(_clients.values()):
         await kept.aclose()
     _clients.clear()
+    _transports.clear()
 
 
 def _scrub(text: str, keys: list[pool.PoolKey]) -> str:
@@ -346,7 +378,6 @@ async def open_upstream(prep: Prepared, outcome: Outcome) -> httpx.Response:
             "upstream_rate_limited",
             retry_after=max(1, int(up.cooling_for + 0.999)),
         )
-    http = client()
     url = f"{up.base_url}/chat/completions"
     last: RelayError | None = None
     for key in up.keys:
@@ -358,10 +389,10 @@ async def open_upstream(prep: Prepared, outcome: Outcome) -> httpx.Response:
         }
         if key.secret:
             headers["Authorization"] = f"Bearer {key.secret}"
-        request = http.build_request("POST", url, content=prep.body, headers=headers)
+        request = _request(url, prep.body, headers)
         try:
             async with asyncio.timeout(settings.LYCEUM_RELAY_FIRST_BYTE_TIMEOUT):
-                response = await http.send(request, stream=True)
+                response = await _send(request)
         except TimeoutError:
             outcome.attempts.append(pool.KeyOutcome(key, None, True, "first byte timeout"))
             last = RelayError(
@@ -588,7 +619,9 @@ HOLD_BYTES = 64 * 1024
 def _h11_of(response: httpx.Response) -> Any:
     """The h11 connection under an httpx response on httpcore's HTTP/1.1 (else None)."""
     obj: Any = response.stream
-    for name in ("_stream", "_httpcore_stream", "_stream", "_connection", "_h11_state"):
+    if not hasattr(obj, "_httpcore_stream"):  # the client's wrapper (a proxy: see _send)
+        obj = getattr(obj, "_stream", None)
+    for name in ("_httpcore_stream", "_stream", "_connection", "_h11_state"):
         obj = getattr(obj, name, None)
         if obj is None:
             return None
@@ -751,6 +784,7 @@ async def authenticated(raw_key: str, address: str = "") -> ApiKey:
     if not raw_key:
         return _key_or_error(None)
     writer.ensure_running()
+    ttlcache.ensure_keeper()
     name = ("key", hash_key(raw_key))
     hit, key = ttlcache.peek(name, lambda: authenticate_api_key(raw_key))
     if hit and key is not None:
@@ -812,7 +846,8 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             if miss.load is None:
                 break
             # Everything prepare reads, loaded in one trip (entries expire together).
-            await ttlcache.fill(("warm", miss.key), functools.partial(_warm, api_key, data, miss))
+            warm = functools.partial(_warm, api_key, data, miss)
+            await ttlcache.fill(("warm", miss.key), warm, keep=False)
     return await database_sync_to_async(prepare)(api_key, data)
 
 

@@ -5,6 +5,13 @@ costs more database time than the rest of a request. They are kept
 ``LYCEUM_RELAY_CACHE_SECONDS`` (0 turns this off): a revoked key or a changed limit takes
 effect within that time in every process. Admission itself (buckets, budgets) is never
 cached.
+
+Entries are kept fresh by a keeper task (:func:`ensure_keeper`), not by the requests that
+read them: an entry used in the last ``KEEP_WARM_SECONDS`` is reloaded before it expires,
+all such entries in one trip to the database thread. A reload started by a request ran on
+the database thread while that request was being admitted and its upstream called, and
+the two threads' handing over of the GIL (up to 5 ms a turn) came on top of its first
+token: a paced stream a second long started every reload itself, and paid for it each time.
 """
 
 from __future__ import annotations
@@ -12,14 +19,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, TypeVar
 
 from django.conf import settings
 
+from chat.relay import quiet
+
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
+KEEP_WARM_SECONDS = 10.0  # an entry not read for this long is left to expire
 _store: dict[Hashable, tuple[float, Any]] = {}
+_loaders: dict[Hashable, Callable[[], Any]] = {}
+_used: dict[Hashable, float] = {}  # key -> when last read (monotonic)
 _offline: contextvars.ContextVar[bool] = contextvars.ContextVar("relay_offline", default=False)
 
 
@@ -37,14 +51,14 @@ class Miss(Exception):
 _filling: dict[Hashable, asyncio.Future[Any]] = {}
 
 
-async def fill(key: Hashable, load: Callable[[], Any]) -> Any:
+async def fill(key: Hashable, load: Callable[[], Any], *, keep: bool = True) -> Any:
     """``cached(key, load)`` on the database thread, once however many requests ask at once
     (a burst after the entry expired makes one database trip, not one per request)."""
     from channels.db import database_sync_to_async
 
     running = _filling.get(key)
     if running is None:
-        running = asyncio.ensure_future(database_sync_to_async(cached)(key, load))
+        running = asyncio.ensure_future(database_sync_to_async(cached)(key, load, keep=keep))
         _filling[key] = running
         running.add_done_callback(lambda _done: _filling.pop(key, None))
     return await asyncio.shield(running)
@@ -65,51 +79,77 @@ def is_offline() -> bool:
 
 def peek(key: Hashable, load: Callable[[], Any] | None = None) -> tuple[bool, Any]:
     """(True, value) when ``key`` is held and fresh, else (False, None); never loads here
-    (with ``load``, an entry past half its time is refreshed in the background)."""
+    (with ``load``, the keeper reloads the entry before it expires while it is read)."""
     ttl = settings.LYCEUM_RELAY_CACHE_SECONDS
     if ttl <= 0:
         return False, None
     hit = _store.get(key)
     now = time.monotonic()
     if hit is not None and hit[0] > now:
-        if load is not None and hit[0] - now < ttl / 2:
-            _refresh_ahead(key, load)
+        _used[key] = now
+        if load is not None:
+            _loaders[key] = load
         return True, hit[1]
     return False, None
 
 
-def _refresh_ahead(key: Hashable, load: Callable[[], Any]) -> None:
-    """Reload ``key`` on the database thread while its value still serves: steady traffic
-    never waits for a load, and a value is still never older than the cache time."""
-    if key in _filling:
+def ensure_keeper() -> None:
+    """Start this event loop's keeper (call from the loop; cheap when it runs)."""
+    global _keeper
+    if settings.LYCEUM_RELAY_CACHE_SECONDS <= 0 or (_keeper is not None and not _keeper.done()):
         return
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    task = loop.create_task(_reload(key, load), context=contextvars.Context())
-    _filling[key] = task
-    task.add_done_callback(lambda _done: _filling.pop(key, None))
+    loop = asyncio.get_running_loop()
+    # A fresh context: its database calls go to the process's own database thread.
+    _keeper = loop.create_task(_keep(), context=contextvars.Context())
 
 
-async def _reload(key: Hashable, load: Callable[[], Any]) -> Any:
+_keeper: asyncio.Task[None] | None = None
+
+
+async def _keep() -> None:
     from channels.db import database_sync_to_async
 
-    def reload() -> Any:
-        value = load()
-        _put(key, value)
-        return value
+    while True:
+        ttl = settings.LYCEUM_RELAY_CACHE_SECONDS
+        await asyncio.sleep(max(0.05, ttl / 4))
+        due = _due(time.monotonic(), ttl)
+        if due:
+            await quiet.moment()
+            await database_sync_to_async(_reload)(due)
 
-    return await database_sync_to_async(reload)()
+
+def _due(now: float, ttl: float) -> list[tuple[Hashable, Callable[[], Any]]]:
+    """The entries read lately that expire within half the cache time."""
+    due = []
+    for key, used in list(_used.items()):
+        if now - used > KEEP_WARM_SECONDS:
+            _used.pop(key, None)
+            _loaders.pop(key, None)
+            continue
+        hit, load = _store.get(key), _loaders.get(key)
+        if hit is not None and load is not None and hit[0] - now < ttl / 2:
+            due.append((key, load))
+    return due
+
+
+def _reload(due: list[tuple[Hashable, Callable[[], Any]]]) -> None:
+    for key, load in due:
+        try:
+            _put(key, load())
+        except Exception:  # noqa: BLE001 - a request loads it again (and sees the error)
+            _store.pop(key, None)
+            logger.warning("reloading a relay cache entry failed", exc_info=True)
 
 
 def _put(key: Hashable, value: Any) -> None:
     if len(_store) > 10_000:
-        _store.clear()
+        clear()
     _store[key] = (time.monotonic() + settings.LYCEUM_RELAY_CACHE_SECONDS, value)
 
 
-def cached(key: Hashable, load: Callable[[], T]) -> T:
+def cached(key: Hashable, load: Callable[[], T], *, keep: bool = True) -> T:
+    """``key``'s value, loaded with ``load`` when not held (``keep``: the keeper reloads
+    it while it is read; not for a one-off such as a warm-up that loads other entries)."""
     ttl = settings.LYCEUM_RELAY_CACHE_SECONDS
     if ttl <= 0:
         if _offline.get():
@@ -117,18 +157,19 @@ def cached(key: Hashable, load: Callable[[], T]) -> T:
         return load()
     now = time.monotonic()
     hit = _store.get(key)
+    if keep:
+        _used[key] = now
+        _loaders[key] = load
     if hit is not None and hit[0] > now:
-        if hit[0] - now < ttl / 2 and _offline.get():
-            _refresh_ahead(key, load)
         return hit[1]  # type: ignore[no-any-return]
     if _offline.get():
         raise Miss(key, load)
     value = load()
-    if len(_store) > 10_000:
-        _store.clear()
-    _store[key] = (now + ttl, value)
+    _put(key, value)
     return value
 
 
 def clear() -> None:
     _store.clear()
+    _used.clear()
+    _loaders.clear()

@@ -29,7 +29,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from chat.models import UsageRecord
-from chat.relay import limits, pool
+from chat.relay import limits, pool, quiet
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class UsageWriter:
         while True:
             await asyncio.sleep(interval)
             if self._items:
+                await quiet.moment()
                 try:
                     await database_sync_to_async(self.flush)()
                 except Exception:  # noqa: BLE001 - kept items are written next time
