@@ -39,8 +39,9 @@ logger = logging.getLogger(__name__)
 # Announcements of a reply starting, which the page can show a moment later: written
 # together (with whatever comes next, or after the delay), one transaction and one
 # doorbell instead of one each, which a hundred replies starting at once queued up on
-# the process's one database thread.
-BATCHED_EVENTS = (ev.RunStart, ev.IterationStart, ev.ContextUsage)
+# the process's one database thread. (An input taken only clears its "queued" mark: written
+# at once, it was a trip to that thread between the run's claim and its upstream request.)
+BATCHED_EVENTS = (ev.RunStart, ev.IterationStart, ev.ContextUsage, ev.InputTaken)
 EVENT_BATCH_DELAY = 0.05
 # Pushes of a stream are at least this share of the push interval apart. The upstream is
 # read once per interval (chat.catalog), and text comes in one batch per read: were
