@@ -577,6 +577,19 @@ def guardrails_of(classroom: Classroom) -> Guardrails:
     return guardrails
 
 
+def _link_and_guardrails(chat_id) -> tuple[ClassroomChat, Guardrails] | None:
+    """A class chat's link with its class and the class's guardrails, in one query:
+    every student message and every run's end needs them."""
+    query = ClassroomChat.objects.select_related("classroom__guardrails")
+    link = query.filter(chat_id=chat_id).first()
+    if link is None:
+        return None
+    try:
+        return link, link.classroom.guardrails
+    except Guardrails.DoesNotExist:  # made on first use
+        return link, guardrails_of(link.classroom)
+
+
 def save_guardrails(
     user, classroom_id, *, categories: list[str], words: str, on_flag: str, check_model: str = ""
 ) -> Guardrails:
@@ -649,11 +662,11 @@ def _model_check(
 def class_send_check(chat: ChatSession, entry: QueuedInput) -> SendCheck | None:
     """Registered with chat: every student message of a class chat passes here (in the
     send's transaction): held while the AI is paused, moderated, the wall told."""
-    link = ClassroomChat.objects.select_related("classroom").filter(chat_id=chat.pk).first()
-    if link is None:
+    found = _link_and_guardrails(chat.pk)
+    if found is None:
         return None
+    link, guardrails = found
     classroom = link.classroom
-    guardrails = guardrails_of(classroom)
     flags = _flag(link, guardrails, Flag.Source.STUDENT, "", entry.display_seq or 0, entry.content)
     ring_class(classroom.pk, "activity", chat_id=str(chat.pk))
     checked = SendCheck()
@@ -681,9 +694,10 @@ def class_run_finished(run: Run, status: str) -> None:
     A teacher's message written while the run was live enters the context now, after
     the run's own; the replies the run wrote are moderated.
     """
-    link = ClassroomChat.objects.select_related("classroom").filter(chat_id=run.chat_id).first()
-    if link is None:
+    found = _link_and_guardrails(run.chat_id)
+    if found is None:
         return
+    link, guardrails = found
     notes = list(PendingNote.objects.filter(chat_id=run.chat_id).order_by("pk"))
     if notes:
         stamp = store.now_ms()
@@ -693,7 +707,6 @@ def class_run_finished(run: Run, status: str) -> None:
             [msg_event(ChatMessage.from_dict(n.message), stamp) for n in notes],
         )
         PendingNote.objects.filter(pk__in=[n.pk for n in notes]).delete()
-    guardrails = guardrails_of(link.classroom)
     replies = ChatEvent.objects.filter(
         chat_id=run.chat_id,
         channel=ChatEvent.Channel.DISPLAY,

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.utils.html import escape
 from django.utils.translation import get_language, gettext
 
 from chat import artifacts, store
@@ -88,21 +89,53 @@ def stream_slot(
     A run with several speakers passes ``voices`` instead: (speaker, rendered html)
     per reply so far, each shown as a bubble labelled with its speaker.
     """
-    speaking = [
-        {"speaker": name, "html": html, "colour": display.sender_colour(name)}
-        for name, html in voices or ()
-    ]
+    if voices is not None and run_id:
+        return _voices_slot(run_id, reasoning, voices, oob)
     return render_to_string(
         "chat/_stream.html",
-        {
-            "oob": oob,
-            "run_id": run_id,
-            "text_html": text_html,
-            "reasoning": reasoning,
-            "voices": speaking,
-            "multi": voices is not None,
-        },
+        {"oob": oob, "run_id": run_id, "text_html": text_html, "reasoning": reasoning},
     )
+
+
+def _voices_slot(run_id: str, reasoning: str, voices: list[tuple[str, str]], oob: bool) -> str:
+    """One bubble per speaker. Pushed several times a second per run: only the last
+    bubble grows, so the ones before it are rendered once (cached), and the wrapper is
+    a string, which keeps a push to one template render, as for a single reply."""
+    language = get_language()
+    last = len(voices) - 1
+    bubbles = [
+        (_voice_bubble if index < last else _voice_bubble_uncached)(
+            name, html, index == last, reasoning if index == 0 else "", language
+        )
+        for index, (name, html) in enumerate(voices)
+    ] or [_voice_bubble_uncached("", "", True, reasoning, language)]
+    return _voices_open(language, oob).format(escape(run_id)) + "".join(bubbles) + "</div>"
+
+
+@lru_cache(maxsize=16)
+def _voices_open(language: str | None, oob: bool) -> str:
+    """The slot's opening tag, ``{}`` for the run's id (its label in ``language``)."""
+    label = escape(gettext("Replies being written")).replace("{", "{{").replace("}", "}}")
+    swap = ' hx-swap-oob="true"' if oob else ""
+    return f'<div id="stream" class="stream-voices" data-run="{{}}" aria-label="{label}"{swap}>'
+
+
+def _voice_bubble_uncached(
+    speaker: str, html: str, last: bool, reasoning: str, language: str | None
+) -> str:
+    """A speaker's bubble being written (no speaker: a placeholder for the reasoning
+    that comes first). ``language`` keys the cache: the bubble's labels are translated."""
+    context = {
+        "speaker": speaker,
+        "html": html,
+        "last": last,
+        "reasoning": reasoning,
+        "colour": str(display.sender_colour(speaker)),  # a string: no number formatting
+    }
+    return render_to_string("chat/_stream_voice.html", context)
+
+
+_voice_bubble = lru_cache(maxsize=256)(_voice_bubble_uncached)
 
 
 def idle_stream_slot() -> str:

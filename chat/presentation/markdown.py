@@ -199,8 +199,16 @@ class StreamingMarkdown:
         self._tail_html = ""
         self._insert_at: int | None = None  # where appended words go in _tail_html
         self._space_first = False  # ... and whether they must start with a space
+        self._last: tuple[str, str] | None = None  # the last text rendered, and its HTML
 
     def render(self, text: str) -> str:
+        # The same text again: the final render of a reply whose last snapshot held all
+        # of it (each finished persona's of a class reply).
+        if self._last is None or self._last[0] != text:
+            self._last = (text, self._render(text))
+        return self._last[1]
+
+    def _render(self, text: str) -> str:
         done = self._stable_source + self._tail_source
         if self._insert_at is not None and text.startswith(done):
             added = text[len(done) :]
