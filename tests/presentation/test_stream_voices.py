@@ -33,7 +33,8 @@ def _bubbles(html: str) -> list[tuple[str, bool, str]]:
 
 
 def _host() -> DjangoRunHost:
-    return DjangoRunHost(SimpleNamespace(chat_id="c1", pk="run-1", speakers=CAST), [])
+    run = SimpleNamespace(chat_id="c1", pk="run-1", speakers=CAST)  # what the host reads
+    return DjangoRunHost(run, [])  # type: ignore[arg-type]
 
 
 def test_one_labelled_bubble_per_persona_the_dots_on_the_last():
