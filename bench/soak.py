@@ -1001,6 +1001,13 @@ def check_page(findings: Findings, page: Page, requests: dict, done: dict, allow
     compare_tokens(findings, f"page {page.index}", seen, stored, owner, requests, done, allowance)
     # Every run's terminal reached the page (missed ones were noticed during the soak).
     findings.missed_terminal += len(page.missed)
+    for seq in page.missed:
+        end = by_seq.get(seq)
+        how = f"{end.kind} {end.payload.get('message', '')}".strip() if end else "?"
+        findings.note(
+            f"page {page.index}: the terminal at seq {seq} ({how}) did not reach the open "
+            f"page within 20 s"
+        )
     for run in Run.objects.filter(chat_id=page.chat_id):
         for end in store.run_events(page.chat_id, str(run.pk), TERMINAL_TYPES):
             if end.seq not in received:
@@ -1063,6 +1070,24 @@ def check_api(
                     findings.note(f"api {client.index} run {run.run_id}: complete.text differs")
     stored, owner = stored_tokens(client.chat_id)
     compare_tokens(findings, f"api {client.index}", seen, stored, owner, requests, done, allowance)
+
+
+def dump_runs(path: Path) -> None:
+    """Every run with its times and end (``--keep``), to read beside the server logs."""
+    from chat.models import Run
+
+    with path.open("w", encoding="utf-8") as out:
+        for run in Run.objects.order_by("started_at"):
+            row = {
+                "run": str(run.pk),
+                "chat": str(run.chat_id),
+                "status": run.status,
+                "started": run.started_at.isoformat(),
+                "finished": run.finished_at.isoformat() if run.finished_at else None,
+                "error": run.error_message,
+                "redispatched": run.redispatched,
+            }
+            out.write(json.dumps(row) + "\n")
 
 
 def server_log_summary(workdir: Path) -> collections.Counter:
@@ -1227,6 +1252,8 @@ def main(argv: list[str]) -> int:
             for client in apis:
                 check_api(findings, client, requests, done, allowance)
             report(findings, tally, cluster, chaos_log, problems, drain_live, allowance, started)
+            if args.keep:
+                dump_runs(workdir / "runs.jsonl")
             logs = server_log_summary(workdir)
             if logs:
                 print("\nserver logs: " + ", ".join(f"{k} {v}" for k, v in sorted(logs.items())))
