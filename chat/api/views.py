@@ -88,7 +88,17 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
             scheme, _, raw = header.partition(" ")
             user = None
             if scheme.lower() == "bearer":
-                user = await database_sync_to_async(authenticate_key)(raw.strip())
+                try:
+                    user = await database_sync_to_async(authenticate_key)(raw.strip())
+                except Exception:
+                    # The key lookup is the first database call: when the database is
+                    # out of reach (say, out of connections) the client still reads JSON.
+                    logger.exception(
+                        "API %s %s: the key lookup failed", request.method, request.path
+                    )
+                    return error_response(
+                        500, "internal_error", "Something went wrong on the server; try again."
+                    )
             if user is None:
                 response = error_response(
                     401,
