@@ -67,6 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -369,9 +370,13 @@ class Soak:
     wait_limit: float
 
 
+_DB_THREAD = ThreadPoolExecutor(1, thread_name_prefix="soak-db")
+
+
 def db(fn, *args: Any) -> Any:
-    """Run an ORM function off the event loop."""
-    return asyncio.to_thread(_db_call, fn, *args)
+    """Run an ORM function off the event loop, on one thread: one database connection
+    (the PostgreSQL server may be shared, and its connections are few)."""
+    return asyncio.get_running_loop().run_in_executor(_DB_THREAD, _db_call, fn, *args)
 
 
 def _db_call(fn, *args: Any) -> Any:
@@ -602,6 +607,7 @@ class ApiRun:
     resumes: int = 0
     terminal: int = 0
     last_id: str = "0"  # the id of the last event seen (Last-Event-ID on a resume)
+    stream_errors: int = 0  # "event: error" (the server's side of a stream failed)
 
 
 @dataclass
@@ -701,6 +707,9 @@ async def _read_sse(
             event = json.loads("\n".join(data))
             data = []
             if "type" not in event or event.get("type") == "stream_error":
+                # The server's side broke off; it names the run to resume.
+                run.stream_errors += 1
+                run.run_id = run.run_id or event.get("run_id") or ""
                 continue
             run.events.append(event)
             if event_id:
@@ -813,10 +822,12 @@ class Findings:
     approvals: collections.Counter = field(default_factory=collections.Counter)
     upstream: collections.Counter = field(default_factory=collections.Counter)
     notes: list[str] = field(default_factory=list)
+    loss_notes: list[str] = field(default_factory=list)  # printed after the others
 
-    def note(self, text: str) -> None:
-        if len(self.notes) < 40:
-            self.notes.append(text)
+    def note(self, text: str, *, loss: bool = False) -> None:
+        notes = self.loss_notes if loss else self.notes
+        if len(notes) < 40:
+            notes.append(text)
 
 
 def _tokens_by_request(raw: bytes | str) -> dict[int, list[int]]:
@@ -952,7 +963,8 @@ def compare_tokens(
             findings.over_allowance += 1
             findings.note(
                 f"{who}: saw {count} tokens of q{request}, {kept} stored "
-                f"(run {owner.get(request) or 'has none stored'})"
+                f"(run {owner.get(request) or 'has none stored'})",
+                loss=True,
             )
 
 
@@ -1052,9 +1064,14 @@ def check_api(
         extra = [s for s in counts if s not in expected]
         findings.duplicated += len(extra)
         if lost or extra or len(got) != len(set(got)):
+            kinds = {e.seq: e.kind for e in events}
+            ends = [e.seq for e in events if e.seq in set(expected) and e.kind in TERMINAL_TYPES]
+            doubled = [s for s, n in counts.items() if n > 1]
             findings.note(
-                f"api {client.index} run {run.run_id}: lost {lost[:5]} extra {extra[:5]} "
-                f"({run.resumes} resumes)"
+                f"api {client.index} run {run.run_id}: lost {[(s, kinds[s]) for s in lost][:6]}"
+                f" extra {extra[:5]} doubled {doubled[:5]}; terminal at {ends}; got "
+                f"{len(got)} events in {run.resumes + 1} streams, {run.stream_errors} "
+                f"stream errors"
             )
         if run.terminal != 1:
             findings.missed_terminal += 1
@@ -1363,9 +1380,9 @@ def report(
     ]
     for label, value in rows:
         print(f"  {label:<72} {value}")
-    if findings.notes:
+    if findings.notes or findings.loss_notes:
         print("\ndetails:")
-        for note in findings.notes:
+        for note in findings.notes + findings.loss_notes:
             print(f"  - {note}")
 
 
