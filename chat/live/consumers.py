@@ -135,6 +135,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             return
         try:
             await handler(frame)
+            if needed == ChatAction.WRITE:
+                self.subscription.expect_activity()
         except actions.ActionError as exc:
             await self._notice(exc.message)
         except Exception:

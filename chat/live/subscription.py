@@ -102,6 +102,12 @@ class ChatSubscription:
         await self.push_new_events()
         await self.push_current_partial()
 
+    def expect_activity(self) -> None:
+        """The page just did something that writes (a send, an approval): read the log
+        once the chat goes quiet, and on while a run is live, whatever the doorbells do
+        (a subscription lost with a Redis restart hears none)."""
+        self._arm_quiet_check()
+
     # --- what the doorbell says ----------------------------------------------------------
 
     async def on_events(self, event: dict[str, Any]) -> None:

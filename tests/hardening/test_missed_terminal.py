@@ -48,6 +48,29 @@ async def test_a_page_opened_on_a_dead_run_gets_its_end(
     await page.close()
 
 
+async def test_a_page_that_hears_nothing_after_its_send_still_gets_the_reply(
+    alice, socket_env, quick_checks, monkeypatch
+):
+    """The socket's subscription went deaf (lost with a Redis restart): no doorbell and
+    no snapshot reach it. Its own send makes it read the log until the run has ended."""
+    from chat.live.consumers import ChatConsumer
+
+    chat = await adb(lambda: store.create_chat(alice, title="deaf", model="demo"))()
+    cookie = await adb(lambda: cookie_of(logged_in_client(alice)))()
+    page = await chat_socket(cookie, chat.pk)
+
+    async def deaf(self, event):
+        return None
+
+    monkeypatch.setattr(ChatConsumer, "chat_events", deaf)
+    monkeypatch.setattr(ChatConsumer, "chat_stream", deaf)
+    await page.send(action="send", message="hello there", client_id="c-1")
+    await page.until('class="msg usage"', timeout=10)  # the run's end, read from the log
+    run = await adb(Run.objects.get)(chat=chat)
+    assert run.status == Run.Status.COMPLETED
+    await page.close()
+
+
 async def test_another_users_page_on_it_is_refused(
     alice, bob, socket_env, quick_checks, lost_doorbells
 ):
