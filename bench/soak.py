@@ -586,16 +586,25 @@ async def _decide_on_page(page: Page, soak: Soak, rng: random.Random, call_id: s
 async def _api_decide(soak: Soak, key: str, chat_id: str, call_id: str, approve: bool) -> None:
     import httpx
 
-    port = soak.rng.choice(soak.ports)
-    url = f"http://127.0.0.1:{port}/api/v1/chat/{chat_id}/approvals/{call_id}"
     body = {"decision": "approve" if approve else "deny"}
-    try:
-        async with httpx.AsyncClient(timeout=30) as http:
-            response = await http.post(url, json=body, headers={"Authorization": f"Bearer {key}"})
-        if response.status_code != 200:
+    # A decision is idempotent: a client tries again after a server error, as a person
+    # would click again.
+    for _attempt in range(5):
+        port = soak.rng.choice(soak.ports)
+        url = f"http://127.0.0.1:{port}/api/v1/chat/{chat_id}/approvals/{call_id}"
+        try:
+            async with httpx.AsyncClient(timeout=30) as http:
+                response = await http.post(
+                    url, json=body, headers={"Authorization": f"Bearer {key}"}
+                )
+            if response.status_code < 500:
+                if response.status_code != 200:
+                    soak.tally.api_refused[f"approval {response.status_code}"] += 1
+                return
             soak.tally.api_refused[f"approval {response.status_code}"] += 1
-    except httpx.HTTPError as exc:
-        soak.tally.api_refused[f"approval {type(exc).__name__}"] += 1
+        except httpx.HTTPError as exc:
+            soak.tally.api_refused[f"approval {type(exc).__name__}"] += 1
+        await asyncio.sleep(1)
 
 
 @dataclass
@@ -675,6 +684,8 @@ async def api_client(client: ApiClient, soak: Soak, think: tuple[float, float]) 
                         cut_after = rng.randint(2, 12) if cut else -1
                         await _read_sse(client, run, response, soak, rng, cut_after)
                         cut = False
+                    if not run.terminal:
+                        await asyncio.sleep(1)  # the stream broke off: resume in a moment
                 except StreamCut:
                     soak.tally.api_drops += 1
                     cut = False
