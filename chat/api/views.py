@@ -112,7 +112,17 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 address = throttle.request_address(request)
                 locked = throttle.key_door_shut(address)
                 if locked is None:
-                    user = await database_sync_to_async(authenticate_key)(raw)
+                    try:
+                        user = await database_sync_to_async(authenticate_key)(raw)
+                    except Exception:
+                        # The key lookup is the first database call: when the database is
+                        # out of reach (say, out of connections) the client still reads JSON.
+                        logger.exception(
+                            "API %s %s: the key lookup failed", request.method, request.path
+                        )
+                        return error_response(
+                            500, "internal_error", "Something went wrong on the server; try again."
+                        )
                     if user is None:
                         locked = await database_sync_to_async(throttle.bad_key)(address)
                 if locked is not None:

@@ -159,6 +159,8 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             return
         try:
             await handler(frame)
+            if needed == ChatAction.WRITE:
+                self.subscription.expect_activity()
         except _Refused:
             await self._refuse(needed)
         except actions.ActionError as exc:

@@ -3,7 +3,8 @@
 A :class:`ChatSubscription` holds the push state of a chat followed live: the
 resync cursor (the last display ``seq`` sent), the stream rounds already written
 (late snapshots of them are dropped), the quiet check (a read of the log when the
-stream goes quiet, in case the doorbell of its end was lost) and the periodic
+chat goes quiet, and again now and then while a run is live, in case the doorbell of
+its end was lost) and the periodic
 access re-check. A socket may hold many (the teacher's wall follows every chat of
 a class); each keeps the same guarantees: no gap, no duplicate, access re-checked.
 
@@ -30,6 +31,10 @@ logger = logging.getLogger(__name__)
 
 # When stream snapshots stop for this long, read the log once (see _arm_quiet_check).
 QUIET_CHECK_SECONDS = 2.0
+# While the chat's run is live and quiet, read the log again this often: the run may end
+# where no snapshot or doorbell comes from (its worker killed, then recovered by a sweeper
+# whose doorbell a Redis restart lost), and the page must still learn that it ended.
+LIVE_CHECK_SECONDS = 5.0
 # A page that only watches makes no actions to check: its view access is checked again
 # before a push once this long has passed since the last check (one query, not one a push).
 ACCESS_RECHECK_SECONDS = 10.0
@@ -97,6 +102,12 @@ class ChatSubscription:
         await self.push_new_events()
         await self.push_current_partial()
 
+    def expect_activity(self) -> None:
+        """The page just did something that writes (a send, an approval): read the log
+        once the chat goes quiet, and on while a run is live, whatever the doorbells do
+        (a subscription lost with a Redis restart hears none)."""
+        self._arm_quiet_check()
+
     # --- what the doorbell says ----------------------------------------------------------
 
     async def on_events(self, event: dict[str, Any]) -> None:
@@ -106,6 +117,7 @@ class ChatSubscription:
             return
         if not await self.may_still_watch():
             return
+        self._arm_quiet_check()  # the doorbell of what follows may be lost
         if (
             self._doorbell_html
             and event.get("after") == self.last_seq
@@ -211,6 +223,7 @@ class ChatSubscription:
         run = await database_sync_to_async(_live_run)(self.chat_id)
         if run is None:
             return
+        self._arm_quiet_check()  # a run whose process died streams nothing more
         if self._partial_html is not None:
             await self._send(self._partial_html(self.chat_id, run))
             return
@@ -231,11 +244,14 @@ class ChatSubscription:
     # --- the quiet check -----------------------------------------------------------------------
 
     def _arm_quiet_check(self) -> None:
-        """Read the log once the stream has gone quiet for a while.
+        """Read the log once the chat has gone quiet for a while, and again every
+        ``LIVE_CHECK_SECONDS`` while a run is live.
 
-        The doorbell may be dropped under load (a full channel), and when the one that
-        announces the written reply is lost, no later frame reveals the gap: the page
-        would show the half-streamed text until reloaded. Costs one query per stream end.
+        The doorbell may be dropped under load (a full channel) or with a Redis restart,
+        and when the one that announces the written reply or the run's end is lost, no
+        later frame reveals the gap: the page would show the run going on until
+        reloaded. Costs two queries once a chat goes quiet, and two every
+        ``LIVE_CHECK_SECONDS`` while its run is live and quiet (waiting for an approval).
         """
         loop = asyncio.get_running_loop()
         self._last_snapshot_at = loop.time()
@@ -254,10 +270,19 @@ class ChatSubscription:
 
     async def _quiet_push(self) -> None:
         try:
-            if await self.may_still_watch():
-                await self.push_new_events()
+            if not await self.may_still_watch():
+                return
+            await self.push_new_events()
+            if await database_sync_to_async(_has_live_run)(self.chat_id):
+                loop = asyncio.get_running_loop()
+                if self._quiet_check is None:
+                    self._quiet_check = loop.call_later(LIVE_CHECK_SECONDS, self._start_quiet_check)
         except Exception:  # noqa: BLE001 - a safety net must not take the socket down
             logger.warning("quiet check of chat %s failed", self.chat_id, exc_info=True)
+
+
+def _has_live_run(chat_id: str) -> bool:
+    return Run.objects.filter(chat_id=UUID(chat_id), status__in=transitions.LIVE).exists()
 
 
 def _live_run(chat_id: str) -> Run | None:

@@ -355,6 +355,10 @@ def _recover(run: Run) -> bool:
     host = DjangoRunHost(run, store.load_context(run.chat_id))
     text, reasoning = run.partial_text, run.partial_reasoning
     written = _written_replies(run)
+    # The partial reply is the round after the written ones, as the dead process had it:
+    # numbered 0 again, an API follower took it for another reply and sent it twice.
+    rounds = [int(m["extra"]["round"]) for m in written]
+    host.round = max(rounds) + 1 if rounds else 0
     reply_written = (
         bool(written)
         and not written[-1].get("tool_calls")
