@@ -92,7 +92,7 @@ def test_a_run_ending_while_redis_is_down_ends_completed(alice, settings):
 @pytest.mark.django_db(transaction=True)
 def test_the_budget_counter_counts_a_run_once_redis_answers(alice, redis_url):
     RelayLimit.objects.create(user=alice, monthly_tokens=1000)
-    limits.check_run(alice)  # seeds the user's counter in Redis from the records (none)
+    limits.check_run(alice.pk)  # seeds the user's counter in Redis from the records (none)
     chat = store.create_chat(alice, title="t", model="demo")
     run = Run.objects.create(chat=chat, model="demo", claimed=True)
     assert _finish(run)
