@@ -277,7 +277,7 @@ def test_stop_keeps_the_partial_reply_and_escape_stops_too(page, serve, alice):
     seen = wait_stream_longer_than(page, 80)
     page.get_by_role("button", name="Stop").click()
     _assert_stopped_keeps(page, seen, 1)
-    expect(page.get_by_role("button", name="Regenerate")).to_be_visible()
+    expect(page.locator("#run-controls").get_by_role("button", name="Regenerate")).to_be_visible()
 
     send(page, "long please")
     seen = wait_stream_longer_than(page, 80)
