@@ -180,14 +180,28 @@ async def stop_all() -> None:
     if _sweeper is not None and not _sweeper.done():
         tasks.append(_sweeper)
     _sweeper = None
+    hosts = list(_hosts.values())
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    # A host's own pending writes and pushes (batched events, a snapshot) go too.
+    pending = [f for host in hosts for f in host.pending_work() if not f.done()]
+    for future in pending:
+        future.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
     await keeper().stop()
+    # A cancelled task leaves its database job running on the database thread; the thread
+    # takes jobs in order, so one more job returns once every job before it is done (a
+    # test's teardown must not empty the tables under a transaction still open).
+    await database_sync_to_async(_nothing)()
     await close_providers()
     _tasks.clear()
     _resume_after.clear()
     _hosts.clear()
+
+
+def _nothing() -> None:
+    pass
 
 
 def local_task(run_id: str) -> asyncio.Task | None:

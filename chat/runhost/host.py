@@ -282,6 +282,11 @@ class DjangoRunHost:
         if self._push_due is _AFTER_PUSH:
             self._push_when_due()
 
+    def pending_work(self) -> list[asyncio.Future]:
+        """What the host has going besides the run's own task (stopping a process)."""
+        self.stop_pushing()
+        return [f for f in (self._writing, self._pushing) if f is not None]
+
     def stop_pushing(self) -> None:
         """Drop a snapshot still due: the reply it would show is written, or the run ended."""
         if self._events_due is not None:  # the run's end writes them (or they go with it)
