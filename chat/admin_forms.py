@@ -20,7 +20,7 @@ from chat import catalog
 from chat.agent.builtin_tools import default_registry
 from chat.agent.registry import ApprovalPolicy
 from chat.agent.subagent import DELEGATE
-from chat.models import Agent, Provider, ProviderKey
+from chat.models import KEY_AFTER_URL_CHANGE, Agent, Provider, ProviderKey
 from chat.providersetup import pending_key_token, read_pending_key
 from chat.relay import secrets
 
@@ -314,6 +314,16 @@ class ProviderKeyForm(ScopedKeyFormMixin, forms.ModelForm):
         new = self.cleaned_data.get("secret")
         if new:
             self.instance.secret = new
+            self.instance.last_error = ""
+        elif self.instance.pk:
+            # Stopped by a change of the provider's URL in this same submit (the provider
+            # is saved first): only entering the key again starts it again.
+            stopped = ProviderKey.objects.filter(
+                pk=self.instance.pk, enabled=False, last_error=KEY_AFTER_URL_CHANGE
+            ).exists()
+            if stopped:
+                self.instance.enabled = False
+                self.instance.last_error = KEY_AFTER_URL_CHANGE
         return super().save(commit)
 
 

@@ -99,6 +99,21 @@ class Provider(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args, **kwargs) -> None:
+        # A key never follows the provider to a new address: the pool's keys stop with a
+        # changed base URL, whatever path changed it, until each is entered again (the
+        # admin's forms ask for the provider's own key again themselves).
+        if self.pk is not None:
+            before = Provider.objects.filter(pk=self.pk).values_list("base_url", flat=True).first()
+            if before is not None and before.rstrip("/") != (self.base_url or "").rstrip("/"):
+                ProviderKey.objects.filter(provider_id=self.pk, enabled=True).update(
+                    enabled=False, last_error=KEY_AFTER_URL_CHANGE
+                )
+        super().save(*args, **kwargs)
+
+
+KEY_AFTER_URL_CHANGE = "The provider's base URL changed: enter this key again."
+
 
 class ProviderModel(models.Model):
     """A whitelisted model: users pick ``alias``; the provider only ever sees ``model_id``."""

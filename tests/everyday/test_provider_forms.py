@@ -176,6 +176,59 @@ def test_a_new_base_url_needs_the_key_again(admin_client):
     assert secrets.decrypt(provider.api_key) == "sk-new-9876543210"
 
 
+def test_pool_keys_do_not_follow_a_new_base_url_until_entered_again(admin_client):
+    provider = _provider()
+    kept = ProviderKey.objects.create(provider=provider, label="a", secret=secrets.encrypt("sk-a1"))
+    other = ProviderKey.objects.create(
+        provider=provider, label="b", secret=secrets.encrypt("sk-b2")
+    )
+    url = reverse("admin:chat_provider_change", args=[provider.pk])
+    data = _provider_data(name="p", base_url="https://elsewhere.example/v1", api_key="sk-new-1")
+    # Key "a" is entered again in the same submit; key "b" only has its label changed.
+    data.update(
+        {
+            "keys-TOTAL_FORMS": "2",
+            "keys-INITIAL_FORMS": "2",
+            "keys-0-id": str(kept.pk),
+            "keys-0-provider": str(provider.pk),
+            "keys-0-label": "a",
+            "keys-0-enabled": "on",
+            "keys-0-secret": "sk-a-again-777",
+            "keys-1-id": str(other.pk),
+            "keys-1-provider": str(provider.pk),
+            "keys-1-label": "b renamed",
+            "keys-1-enabled": "on",
+            "keys-1-secret": "",
+        }
+    )
+    assert admin_client.post(url, data).status_code == 302
+    kept.refresh_from_db()
+    other.refresh_from_db()
+    assert kept.enabled and secrets.decrypt(kept.secret) == "sk-a-again-777"
+    assert not other.enabled and other.label == "b renamed"
+    assert other.last_error == "The provider's base URL changed: enter this key again."
+    # What the pool would send to the new address: never key "b".
+    provider.refresh_from_db()
+    sent = {
+        secrets.decrypt(k.secret)
+        for k in ProviderKey.objects.filter(provider=provider, enabled=True)
+    }
+    assert sent == {"sk-a-again-777"}
+
+
+def test_a_base_url_changed_in_code_stops_the_pool_keys_too(admin_client):
+    provider = _provider()
+    key = ProviderKey.objects.create(provider=provider, label="a", secret=secrets.encrypt("sk-a1"))
+    provider.base_url = "https://api.example.com/v1/"  # the same address
+    provider.save()
+    key.refresh_from_db()
+    assert key.enabled
+    provider.base_url = "https://evil.example/v1"
+    provider.save()
+    key.refresh_from_db()
+    assert not key.enabled
+
+
 def test_the_form_keeps_working_for_code_that_builds_it(admin_client):
     provider = _provider()
     form = ProviderForm(
