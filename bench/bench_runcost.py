@@ -9,7 +9,7 @@ the in-memory channel layer, the fake OpenAI server on loopback), and prints:
   (``send_message``, ``_claim_and_load``, ``_commit``, ``finish_run``, ...);
 * trips to the database thread per run (``database_sync_to_async`` calls);
 * database-thread and event-loop-thread CPU per run;
-* for a burst of ``--burst`` sends at once: first token after send, p50 / p95.
+* for a burst of ``--burst`` sends at once: from each send to its run's end, p50 / p95.
 
 Usage::
 
@@ -24,7 +24,6 @@ import asyncio
 import collections
 import sys
 import tempfile
-import threading
 import time
 import traceback
 import uuid
@@ -64,12 +63,6 @@ class StatementTally:
         return "(other)"
 
 
-def thread_cpu(thread_id: int) -> float:
-    import time as _t
-
-    return _t.clock_gettime(_t.pthread_getcpuclockid(thread_id))
-
-
 async def run_all(args: argparse.Namespace, base_url: str) -> None:
     from asgiref.sync import SyncToAsync
     from channels.db import database_sync_to_async
@@ -77,7 +70,7 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
     from django.db import connection
 
     from chat import actions
-    from chat.models import ChatEvent, Provider, ProviderModel, Run
+    from chat.models import Provider, ProviderModel, Run
     from chat.runhost import executor
 
     def make_fixtures(n: int) -> tuple[Any, list[Any]]:
@@ -103,12 +96,6 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
 
     SyncToAsync.__call__ = counting_call  # type: ignore[method-assign]
 
-    db_thread_id: list[int] = []
-
-    def note_db_thread() -> None:
-        db_thread_id.append(threading.get_native_id())
-
-    await database_sync_to_async(note_db_thread)()
     tally = StatementTally()
 
     def install_tally() -> None:
@@ -117,27 +104,20 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
 
     await database_sync_to_async(install_tally)()
 
-    def first_text_seen(run_id: str) -> bool:
+    def run_ended(run_id: str) -> bool:
         return Run.objects.filter(pk=run_id).exclude(status__in=["queued", "running"]).exists()
 
     async def one(chat, i: int) -> tuple[float, float]:
+        """Send one message; (when it was sent, when its run had ended)."""
         sent_at = time.perf_counter()
         sent = await database_sync_to_async(actions.send_message)(
             user, chat.pk, f"hello {i}", uuid.uuid4().hex
         )
-        first = None
-        while True:
+        while not await database_sync_to_async(run_ended)(str(sent.run_id)):
             await asyncio.sleep(0.005)
-            if first is None and executor._tasks.get(str(sent.run_id)) is not None:
-                pass
-            done = await database_sync_to_async(first_text_seen)(str(sent.run_id))
-            if done:
-                break
-        first = first or time.perf_counter()
-        return sent_at, first
+        return sent_at, time.perf_counter()
 
     # Sequential runs: the cost of one run with nothing else going on.
-    loop_thread = threading.get_native_id()
     cpu0_loop = time.thread_time()
     tally.total = 0
     tally.by_site.clear()
@@ -160,10 +140,9 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
         print(f"database thread profile: {args.cprofile}")
     elapsed = time.perf_counter() - start
     cpu_loop = time.thread_time() - cpu0_loop
-    del loop_thread
 
     # The polling made statements and trips too: subtract them (one per poll).
-    polls = trips.get("run_all.<locals>.first_text_seen", 0)
+    polls = trips.get("run_all.<locals>.run_ended", 0)
     runs = args.runs
     print(f"\n== one run at a time, {runs} runs ({args.tokens} tokens each)")
     print(f"wall per run                         {elapsed / runs * 1000:8.1f} ms")
@@ -173,12 +152,12 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
     print(f"event-loop CPU per run (w/ polling)  {cpu_loop / runs * 1000:8.1f} ms")
     print("\nstatements per run, by outermost Lyceum function:")
     for site, count in tally.by_site.most_common(25):
-        if "first_text_seen" in site or "bench_runcost" in site:
+        if "run_ended" in site or "bench_runcost" in site:
             continue
         print(f"  {count / runs:6.1f}  {site}")
     print("\ntrips per run, by function:")
     for name, count in trips.most_common(20):
-        if "first_text_seen" in name:
+        if "run_ended" in name:
             continue
         print(f"  {count / runs:6.1f}  {name}")
     if args.sql:
@@ -195,7 +174,6 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
             f"{percentile(firsts, 50) * 1000:.0f} / {percentile(firsts, 95) * 1000:.0f} ms"
         )
     await executor.stop_all()
-    _ = ChatEvent
 
 
 def main() -> None:
