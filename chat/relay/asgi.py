@@ -181,15 +181,7 @@ async def _chat_completions(
     data = service.parse_body(body)
     prep = await service.prepared(api_key, data)
     outcome = service.Outcome()
-    try:
-        upstream = await service.open_upstream(prep, outcome)
-    except BaseException as exc:
-        if isinstance(exc, RelayError):
-            outcome.http_status, outcome.error = exc.status, exc.message
-        elif isinstance(exc, asyncio.CancelledError):
-            outcome.status, outcome.error = "cancelled", "the client disconnected"
-        service.finish(prep, outcome)
-        raise
+    upstream = await service.open_upstream_recorded(prep, outcome)
     if not prep.stream:
         try:
             raw = await service.relay_once(prep, upstream, outcome)

@@ -367,6 +367,20 @@ def _scrub(text: str, keys: list[pool.PoolKey]) -> str:
     return text
 
 
+async def open_upstream_recorded(prep: Prepared, outcome: Outcome) -> httpx.Response:
+    """:func:`open_upstream`; a request that fails or is cancelled before the upstream
+    answered still leaves its usage record (the relay's two front doors share this)."""
+    try:
+        return await open_upstream(prep, outcome)
+    except BaseException as exc:
+        if isinstance(exc, RelayError):
+            outcome.http_status, outcome.error = exc.status, exc.message
+        elif isinstance(exc, asyncio.CancelledError):
+            outcome.status, outcome.error = "cancelled", "the client disconnected"
+        finish(prep, outcome)
+        raise
+
+
 async def open_upstream(prep: Prepared, outcome: Outcome) -> httpx.Response:
     """The upstream's 200 response (headers read), trying the pool's keys in turn."""
     up = prep.upstream

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from functools import wraps
@@ -83,15 +82,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponseBase:
     data = service.parse_body(_body(request))
     prep = await service.prepared(request.relay_key, data)  # type: ignore[attr-defined]
     outcome = service.Outcome()
-    try:
-        upstream = await service.open_upstream(prep, outcome)
-    except BaseException as exc:
-        if isinstance(exc, RelayError):
-            outcome.http_status, outcome.error = exc.status, exc.message
-        elif isinstance(exc, asyncio.CancelledError):
-            outcome.status, outcome.error = "cancelled", "the client disconnected"
-        service.finish(prep, outcome)
-        raise
+    upstream = await service.open_upstream_recorded(prep, outcome)
     if prep.stream:
         response = StreamingHttpResponse(
             service.relay_stream(prep, upstream, outcome), content_type="text/event-stream"
