@@ -47,13 +47,22 @@ def ring(chat_id: Any, rows: list[ChatEvent]) -> None:
     )
 
 
-async def aring(chat_id: Any, message: dict[str, Any]) -> None:
-    """Ring from the event loop (the run host, after its own commit)."""
+async def aring(
+    chat_id: Any, message: dict[str, Any], keep: tuple[str, bytes, int] | None = None
+) -> None:
+    """Ring from the event loop (the run host, after its own commit).
+
+    ``keep``: a Redis key, value and time to live to set before the message goes out,
+    in the same round trip (on a layer that can; see ``chat.runhost.pushed``).
+    """
     layer = live_layer()
     if layer is None:
         return
     try:
-        await layer.group_send(chat_group(chat_id), message)
+        if keep is not None and hasattr(layer, "group_send_keeping"):
+            await layer.group_send_keeping(chat_group(chat_id), message, *keep)
+        else:
+            await layer.group_send(chat_group(chat_id), message)
     except Exception:  # noqa: BLE001 - the log is the truth; subscribers catch up
         logger.warning("doorbell for chat %s failed", chat_id, exc_info=True)
 

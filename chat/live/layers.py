@@ -74,6 +74,22 @@ class PipelinedPubSubChannelLayer(RedisPubSubChannelLayer):
     goes in the next, as one pipeline, in order.
     """
 
+    async def group_send_keeping(
+        self, group: str, message: dict, key: str, value: bytes, ttl: int
+    ) -> None:
+        """``group_send``, with ``key`` set to ``value`` in the same round trip, before the
+        publish: whoever received the message can count on the value being in Redis."""
+        layer = self._get_layer()
+        group_channel = layer._get_group_channel_name(group)
+        shard = layer._get_shard(group_channel)
+        shard.enqueue("set", key, value, ex=ttl)
+        await shard.publish(group_channel, self.serialize(message))
+
+    def forget_soon(self, key: str) -> None:
+        """Delete ``key`` in the next round trip of the publishes (a failure is only
+        logged by Redis's absence: the key expires)."""
+        self._get_layer()._get_shard(key).enqueue("delete", key)
+
     def _get_layer(self) -> RedisPubSubLoopLayer:
         loop = asyncio.get_running_loop()
         layer = self._layers.get(loop)
@@ -94,19 +110,29 @@ class _PipelinedLoopLayer(RedisPubSubLoopLayer):
 class _PipelinedShard(RedisSingleShardConnection):
     def __init__(self, host: dict, channel_layer: RedisPubSubLoopLayer) -> None:
         super().__init__(host, channel_layer)
-        self._batch: list[tuple[str, bytes]] = []
+        # Commands of the next round trip: a pipeline method's name, its arguments.
+        self._batch: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self._batch_sent: asyncio.Future[None] | None = None
         self._sender: asyncio.Task[None] | None = None
 
     async def publish(self, channel: str, message: bytes) -> None:
+        self.enqueue("publish", channel, message)
+        await self.flushed()
+
+    def enqueue(self, command: str, *args: Any, **kwargs: Any) -> None:
+        """Put a command in the next round trip (in order with the publishes)."""
         if self._batch_sent is None:
             loop = asyncio.get_running_loop()
             self._batch_sent = loop.create_future()
             self._batch_sent.add_done_callback(_retrieve)
             self._sender = loop.create_task(self._send_batch())
-        self._batch.append((channel, message))
-        # Shielded: one caller given up on must not cancel the others' batch.
-        await asyncio.shield(self._batch_sent)
+        self._batch.append((command, args, kwargs))
+
+    async def flushed(self) -> None:
+        """Wait for the round trip carrying what is enqueued so far."""
+        if self._batch_sent is not None:
+            # Shielded: one caller given up on must not cancel the others' batch.
+            await asyncio.shield(self._batch_sent)
 
     async def _send_batch(self) -> None:
         async with self._lock:  # the round trip before this one is over
@@ -115,8 +141,8 @@ class _PipelinedShard(RedisSingleShardConnection):
             try:
                 self._ensure_redis()
                 pipe = self._redis.pipeline(transaction=False)
-                for channel, message in batch:
-                    pipe.publish(channel, message)
+                for command, args, kwargs in batch:
+                    getattr(pipe, command)(*args, **kwargs)
                 await pipe.execute()
             except BaseException as exc:
                 if isinstance(exc, asyncio.CancelledError):

@@ -41,7 +41,7 @@ from chat.core.voices import Voices, cast_instructions
 from chat.live.doorbell import run_control_group
 from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError
 from chat.models import ChatSession, ChatToolGrant, Run
-from chat.runhost import titles, transitions
+from chat.runhost import pushed, titles, transitions
 from chat.runhost.host import DjangoRunHost, partial_message, take_queued_inputs
 from chat.runhost.keeper import KeptRun, keeper
 from chat.runhost.setup import RunSetup, setup_for
@@ -488,6 +488,7 @@ async def _end(host, loop: AgentLoop, how: str, category=None, message: str = ""
     if how != "completed":
         partials = partial_message(text, reasoning, str(status), host.run.speakers)
     await database_sync_to_async(transitions.finish_run)(host, status, event, partials, usage)
+    pushed.forget_soon(host.run.pk)
 
 
 async def _start_next(chat: ChatSession) -> None:

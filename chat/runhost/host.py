@@ -33,6 +33,7 @@ from chat.live.doorbell import aring, events_doorbell, ring
 from chat.models import QueuedInput, Run, ToolApproval
 from chat.presentation import fragments
 from chat.presentation.markdown import StreamingMarkdown, remember_rendered
+from chat.runhost import pushed
 
 logger = logging.getLogger(__name__)
 
@@ -324,6 +325,7 @@ class DjangoRunHost:
                 "html": html,
                 "sent_at": time.time(),
             },
+            keep=pushed.keep_args(run_id, self.round, text, reasoning),
         )
 
     def _voices_html(self, text: str) -> list[tuple[str, str]]:

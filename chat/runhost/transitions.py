@@ -32,7 +32,7 @@ from chat.live.doorbell import ring
 from chat.llm.types import ErrorCategory, Usage
 from chat.models import ChatSession, QueuedInput, Run, ToolApproval
 from chat.relay.usage import record_run_usage
-from chat.runhost import setup
+from chat.runhost import pushed, setup
 from chat.runhost.host import DjangoRunHost, partial_message, stamp
 
 LIVE = [Run.Status.RUNNING, Run.Status.WAITING]
@@ -353,12 +353,17 @@ def _recover(run: Run) -> bool:
     API tells what the page shows.
     """
     host = DjangoRunHost(run, store.load_context(run.chat_id))
-    text, reasoning = run.partial_text, run.partial_reasoning
     written = _written_replies(run)
     # The partial reply is the round after the written ones, as the dead process had it:
     # numbered 0 again, an API follower took it for another reply and sent it twice.
     rounds = [int(m["extra"]["round"]) for m in written]
     host.round = max(rounds) + 1 if rounds else 0
+    streamed, reasoning = run.partial_text, run.partial_reasoning
+    last = pushed.last_pushed(run.pk)
+    if pushed.newer_than_checkpoint(last, host.round, run.checkpoint_at):
+        assert last is not None
+        streamed, reasoning = last.text, last.reasoning  # what the pages were shown last
+    text = streamed
     reply_written = (
         bool(written)
         and not written[-1].get("tool_calls")
@@ -393,9 +398,7 @@ def _recover(run: Run) -> bool:
         status="interrupted",
     )
     # Only what was streamed and not yet written becomes a message; the rest is shown.
-    partials = partial_message(
-        run.partial_text, reasoning, str(Run.Status.INTERRUPTED), run.speakers
-    )
+    partials = partial_message(streamed, reasoning, str(Run.Status.INTERRUPTED), run.speakers)
     return finish_run(host, Run.Status.INTERRUPTED, event, partials, Usage())
 
 

@@ -27,7 +27,7 @@ async def host(alice, agent, settings, monkeypatch):
     made = run_host.DjangoRunHost(run, [])
     made.pushed = []
 
-    async def capture(chat_id, message):
+    async def capture(chat_id, message, keep=None):
         made.pushed.append(message)
 
     monkeypatch.setattr(run_host, "aring", capture)
@@ -92,7 +92,7 @@ async def test_a_written_reply_drops_the_snapshot_still_due(host):
 async def test_pushes_do_not_overlap_and_the_one_waiting_goes_out_after(host, monkeypatch):
     release = asyncio.Event()
 
-    async def slow(chat_id, message):
+    async def slow(chat_id, message, keep=None):
         host.pushed.append(message)
         await release.wait()
 

@@ -96,6 +96,12 @@ def _delete_redis_keys(prefix: str) -> None:
         client.close()
 
 
+def _redis_client():
+    import redis
+
+    return redis.Redis.from_url(REDIS_URL)
+
+
 def database_env() -> dict[str, str]:
     """Point a subprocess at the database this test uses (the test database)."""
     db = django_settings.DATABASES["default"]
@@ -248,7 +254,7 @@ def test_a_subprocess_given_the_database_env_sees_this_tests_data(alice):
 
 
 async def test_a_run_dispatched_over_redis_completes_in_a_worker(
-    alice, default_agent, start_worker, layer_cleanup
+    alice, default_agent, start_worker, redis_layer, layer_cleanup
 ):
     worker = start_worker()
     chat_id, run_id = await start_run(alice, "demo-fast", "hello there, worker")
@@ -266,6 +272,8 @@ async def test_a_run_dispatched_over_redis_completes_in_a_worker(
     assert replies and replies[-1]["content"] == events[-1].payload["text"]
     assert "hello there, worker" in replies[-1]["content"]
     assert worker.process.poll() is None  # the worker lives on for the next run
+    pushed_copy = f"{redis_layer['LYCEUM_REDIS_PREFIX']}:pushed:{run_id}"
+    assert not _redis_client().exists(pushed_copy)  # forgotten at the run's end
 
 
 async def test_an_idle_worker_keeps_listening(alice, default_agent, start_worker, layer_cleanup):
@@ -299,7 +307,8 @@ async def test_a_killed_worker_leaves_an_interrupted_run_with_its_partial_text(
     run = await run_reaches(run_id, Run.TERMINAL, [first, second])
 
     assert run.status == Run.Status.INTERRUPTED
-    assert run.partial_text == after_kill.partial_text  # the last checkpoint, kept
+    # The last checkpoint, or the last push when that went further (see the next test).
+    assert run.partial_text.startswith(after_kill.partial_text)
     events = await database_sync_to_async(run_events)(chat_id, run_id)
     terminal = [e for e in events if e.kind in TERMINAL]
     assert len(terminal) == 1 and terminal[0] is events[-1]
@@ -315,6 +324,52 @@ async def test_a_killed_worker_leaves_an_interrupted_run_with_its_partial_text(
     assert partial[0]["content"] == run.partial_text
     assert partial[0]["extra"]["ended"] == "interrupted"
     assert second.process.poll() is None
+
+
+async def test_a_killed_worker_keeps_the_reply_as_far_as_the_pages_were_shown_it(
+    alice, default_agent, start_worker, layer_cleanup
+):
+    """Checkpoints seconds apart, pushes a tenth of a second apart: what a page was shown
+    survives the kill, not only what the last checkpoint saved."""
+    first = start_worker(LYCEUM_DEMO_TOKEN_DELAY="0.05", LYCEUM_CHECKPOINT_INTERVAL="5")
+    chat_id, run_id = await start_run(alice, "demo", LONG_PROMPT)
+    layer = live_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(doorbell.chat_group(chat_id), channel)
+    shown: list[str] = []
+
+    async def page() -> None:
+        while True:
+            message = await layer.receive(channel)
+            if message.get("type") == "chat.stream" and message.get("run_id") == run_id:
+                if message["text"]:  # the demo model thinks first
+                    shown.append(message["text"])
+
+    listening = asyncio.create_task(page())
+
+    async def pushed_a_while() -> bool:
+        return len(shown) >= 8
+
+    try:
+        await wait_until(pushed_a_while, "stream snapshots", [first])
+        first.kill_hard()
+        await asyncio.sleep(0.5)  # snapshots published before the kill arrive
+    finally:
+        listening.cancel()
+        await layer.group_discard(doorbell.chat_group(chat_id), channel)
+    after_kill = await database_sync_to_async(run_row)(run_id)
+    assert len(after_kill.partial_text) < len(shown[-1])  # the checkpoint lags the page
+
+    second = start_worker(LYCEUM_RUN_STALE_SECONDS="3")
+    run = await run_reaches(run_id, Run.TERMINAL, [first, second])
+
+    assert run.status == Run.Status.INTERRUPTED
+    assert run.partial_text.startswith(shown[-1])
+    events = await database_sync_to_async(run_events)(chat_id, run_id)
+    error = [e.payload for e in events if e.kind in TERMINAL]
+    assert [e["partial_text"] for e in error] == [run.partial_text]
+    kept = [e.payload for e in events if e.kind == "msg" and e.payload["role"] == "assistant"]
+    assert [k["content"] for k in kept] == [run.partial_text]
 
 
 async def test_cancel_from_another_process_stops_the_workers_run(
