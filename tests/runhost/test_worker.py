@@ -341,9 +341,9 @@ async def test_a_killed_worker_keeps_the_reply_as_far_as_the_pages_were_shown_it
     async def page() -> None:
         while True:
             message = await layer.receive(channel)
-            if message.get("type") == "chat.stream" and message.get("run_id") == run_id:
-                if message["text"]:  # the demo model thinks first
-                    shown.append(message["text"])
+            ours = message.get("type") == "chat.stream" and message.get("run_id") == run_id
+            if ours and message["text"]:  # the demo model thinks first
+                shown.append(message["text"])
 
     listening = asyncio.create_task(page())
 
