@@ -1131,15 +1131,23 @@ def dump_runs(path: Path) -> None:
             out.write(json.dumps(row) + "\n")
 
 
-def server_log_summary(workdir: Path) -> collections.Counter:
+def server_log_summary(workdir: Path) -> tuple[collections.Counter, collections.Counter]:
+    """Tracebacks and ERROR lines per log, and the exceptions the tracebacks end in
+    (numbers blanked, so that one cause counts once)."""
     counts: collections.Counter[str] = collections.Counter()
+    causes: collections.Counter[str] = collections.Counter()
     for log in workdir.glob("*.log"):
+        in_traceback = False
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith("Traceback"):
                 counts[f"{log.stem}: tracebacks"] += 1
+                in_traceback = True
+            elif in_traceback and line and not line[0].isspace():
+                causes[re.sub(r"\d+", "N", line)[:160]] += 1
+                in_traceback = False
             elif " ERROR " in line or line.startswith("ERROR"):
                 counts[f"{log.stem}: ERROR lines"] += 1
-    return counts
+    return counts, causes
 
 
 # --- set-up and main ------------------------------------------------------------------------------
@@ -1306,9 +1314,11 @@ def main(argv: list[str]) -> int:
             report(findings, tally, cluster, chaos_log, problems, drain_live, allowance, started)
             if args.keep:
                 dump_runs(workdir / "runs.jsonl")
-            logs = server_log_summary(workdir)
+            logs, causes = server_log_summary(workdir)
             if logs:
                 print("\nserver logs: " + ", ".join(f"{k} {v}" for k, v in sorted(logs.items())))
+                for cause, count in causes.most_common(8):
+                    print(f"  {count:>5}  {cause}")
             zero = all(
                 n == 0
                 for n in (
