@@ -17,6 +17,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig, ValidationError
+from django.db import InterfaceError, OperationalError
 from django.http import (
     Http404,
     HttpRequest,
@@ -114,15 +115,13 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 if locked is None:
                     try:
                         user = await database_sync_to_async(authenticate_key)(raw)
-                    except Exception:
+                    except Exception as exc:
                         # The key lookup is the first database call: when the database is
                         # out of reach (say, out of connections) the client still reads JSON.
                         logger.exception(
                             "API %s %s: the key lookup failed", request.method, request.path
                         )
-                        return error_response(
-                            500, "internal_error", "Something went wrong on the server; try again."
-                        )
+                        return server_failure_response(exc)
                     if user is None:
                         locked = await database_sync_to_async(throttle.bad_key)(address)
                 if locked is not None:
@@ -159,16 +158,31 @@ def api_view(*, methods: tuple[str, ...] = ("POST",)) -> Callable[[View], View]:
                 return response
             except BadInput as exc:
                 return error_response(400, "invalid_request_error", exc.message)
-            except Exception:
+            except Exception as exc:
                 # A client of the API reads JSON, never Django's HTML error page.
                 logger.exception("API %s %s failed", request.method, request.path)
-                return error_response(
-                    500, "internal_error", "Something went wrong on the server; try again."
-                )
+                return server_failure_response(exc)
 
         return wrapper
 
     return decorate
+
+
+DATABASE_RETRY_AFTER = 5
+
+
+def server_failure_response(exc: Exception) -> HttpResponse:
+    """An unexpected failure, in JSON: a database out of reach (down, or out of
+    connections) is a 503 to retry shortly; anything else a 500."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        response = error_response(
+            503,
+            "service_unavailable",
+            "The server cannot reach its database just now; try again in a few seconds.",
+        )
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER)
+        return response
+    return error_response(500, "internal_error", "Something went wrong on the server; try again.")
 
 
 def read_json(request: HttpRequest) -> dict[str, Any]:

@@ -36,10 +36,35 @@ def test_a_failed_key_lookup_is_a_json_error(alice, monkeypatch, method, path):
         content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {raw}",
     )
-    assert response.status_code == 500
+    assert response.status_code == 503  # out of connections: worth a retry shortly
+    assert response["Retry-After"] == "5"
     assert response["Content-Type"] == "application/json"
-    assert response.json()["error"]["type"] == "internal_error"
+    error = response.json()["error"]
+    assert error["type"] == "service_unavailable"
+    assert error["message"] == (
+        "The server cannot reach its database just now; try again in a few seconds."
+    )
+    assert "too many clients" not in response.content.decode()
     assert not ChatSession.objects.filter(owner=alice).exists()  # nothing half-written
+
+
+def test_a_database_failure_inside_a_view_is_a_503(alice, monkeypatch):
+    _key, raw = create_api_key(alice)
+
+    def out_of_connections(*args, **kwargs):
+        raise OperationalError("FATAL:  sorry, too many clients already")
+
+    monkeypatch.setattr(views.actions, "start_chat_and_send", out_of_connections)
+    client = Client(raise_request_exception=False)
+    response = client.post(
+        "/api/v1/chat",
+        data='{"message": "hello"}',
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {raw}",
+    )
+    assert response.status_code == 503
+    assert response.json()["error"]["type"] == "service_unavailable"
+    assert not ChatSession.objects.filter(owner=alice).exists()
 
 
 def test_a_bad_key_is_still_a_401(alice, bob):
