@@ -46,7 +46,7 @@ from classroom.models import Classroom, ClassroomChat, TeacherView
 
 logger = logging.getLogger(__name__)
 
-# The wall re-checks its access to every followed chat in the background, twice per
+# The wall re-checks its access to every followed chat in the background, every
 # ChatSubscription's ACCESS_RECHECK_SECONDS, this many chats per trip to the database thread.
 ACCESS_CHECK_CHUNK = 10
 
@@ -123,24 +123,25 @@ class WallConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def _may_view_async(self, chat_id: str) -> bool:
         """A tile's access re-check (its subscription's, every ACCESS_RECHECK_SECONDS).
 
-        Answered from the wall's background check (:meth:`_recheck_access`) when that
-        is recent enough, so a push never waits for the database. Asked one by one, the
-        forty tiles' re-checks fell due together, in one flush: forty trips to the
-        process's one database thread in a row, holding the wall's frames (and every
-        other socket's trip) for up to a second.
+        Answered from the wall's background check (:meth:`_recheck_access`, which acts
+        on a loss itself) while that keeps up, so a push never waits for the database;
+        checked here only when the newest answer is older than two periods. Asked one
+        by one, the forty tiles' re-checks fell due together, in one flush: forty trips
+        to the process's one database thread in a row, holding the wall's frames (and
+        every other socket's trip) for up to a second.
         """
         answer = self._access.get(chat_id)
         now = asyncio.get_running_loop().time()
-        if answer is not None and now - answer[0] < live_subscription.ACCESS_RECHECK_SECONDS:
+        if answer is not None and now - answer[0] < 2 * live_subscription.ACCESS_RECHECK_SECONDS:
             return answer[1]
         answers = await self._check_access({*self.subscriptions, chat_id})
         return bool(answers.get(chat_id))
 
     async def _recheck_access(self) -> None:
-        """Re-check every followed chat twice per ACCESS_RECHECK_SECONDS; a chat no longer
+        """Re-check every followed chat every ACCESS_RECHECK_SECONDS; a chat no longer
         visible stops being pushed at once (the socket closes if the class is lost)."""
         while True:
-            await asyncio.sleep(live_subscription.ACCESS_RECHECK_SECONDS / 2)
+            await asyncio.sleep(live_subscription.ACCESS_RECHECK_SECONDS)
             try:
                 answers = await self._check_access(set(self.subscriptions))
             except Exception:  # noqa: BLE001 - the tiles' own re-checks go on
