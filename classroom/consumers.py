@@ -223,8 +223,13 @@ class WallConsumer(DirectDispatch, AsyncWebsocketConsumer):
     async def _follow_new_chats(self) -> list[str]:
         found = await database_sync_to_async(self._class_chats)()
         new = [chat_id for chat_id in found if chat_id not in self.subscriptions]
+        now = asyncio.get_running_loop().time()
         for chat_id in new:
             self.names[chat_id] = found[chat_id]
+            # Called once the teacher was just found teaching the class, whose chats these
+            # are: the tile's first re-check falls due with the background check, not
+            # before it (where it would wait for a whole check in a flush).
+            self._access[chat_id] = (now, True)
             self.subscriptions[chat_id] = ChatSubscription(
                 chat_id,
                 send=self._send_html,
