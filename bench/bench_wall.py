@@ -152,14 +152,14 @@ _run_round = bs.run_round
 
 def run_round_twice(mode, interval, seats, args, db_env, workdir, upstream):
     """Without the wall, then with it (new class chats each time); the second is reported."""
-    load = [os.getloadavg()[0]]
+    load, began = [os.getloadavg()[0]], time.time()
     STATE["wall"] = False
     without = _run_round(mode, interval, seats, args, db_env, workdir, upstream)
     load.append(os.getloadavg()[0])
     for name in ("daphne", "worker"):  # --cprofile: keep the first round's apart
         for suffix in ("pstats", "db.pstats"):
             kept = Path(f"/tmp/{name}-{mode}-{interval}.{suffix}")
-            if kept.exists():
+            if kept.exists() and kept.stat().st_mtime >= began:  # this round's
                 kept.replace(kept.with_name(f"{name}-{mode}-{interval}-without-wall.{suffix}"))
     STATE["wall"] = True
     STATE["wall_check"] = collections.defaultdict(list)
