@@ -360,7 +360,7 @@ class WallConsumer(DirectDispatch, AsyncWebsocketConsumer):
                 subscription = self.subscriptions.get(chat_id)
                 if subscription is None or subscription.last_seq is None:
                     continue
-                if await subscription.may_still_watch():  # a trip only when a check is due
+                if await subscription.may_still_watch():  # no trip while the checks keep up
                     watched.append(subscription)
             # Rendered after the checks, with no wait until the send: a reply written
             # while a check was under way (its doorbell sent the tile's own lines)
