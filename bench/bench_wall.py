@@ -25,6 +25,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import os
 import re
 import sys
 import time
@@ -151,24 +152,39 @@ _run_round = bs.run_round
 
 def run_round_twice(mode, interval, seats, args, db_env, workdir, upstream):
     """Without the wall, then with it (new class chats each time); the second is reported."""
+    load, began = [os.getloadavg()[0]], time.time()
     STATE["wall"] = False
     without = _run_round(mode, interval, seats, args, db_env, workdir, upstream)
+    load.append(os.getloadavg()[0])
+    for name in ("daphne", "worker"):  # --cprofile: keep the first round's apart
+        for suffix in ("pstats", "db.pstats"):
+            kept = Path(f"/tmp/{name}-{mode}-{interval}.{suffix}")
+            if kept.exists() and kept.stat().st_mtime >= began:  # this round's
+                kept.replace(kept.with_name(f"{name}-{mode}-{interval}-without-wall.{suffix}"))
     STATE["wall"] = True
     STATE["wall_check"] = collections.defaultdict(list)
     with_wall = _run_round(mode, interval, seats, args, db_env, workdir, upstream)
-    STATE["rounds"].append((without, with_wall, dict(STATE["wall_check"])))
+    load.append(os.getloadavg()[0])
+    STATE["rounds"].append((without, with_wall, dict(STATE["wall_check"]), load))
     return with_wall
 
 
 def report() -> None:
-    for without, with_wall, wall_check in STATE["rounds"]:
+    for without, with_wall, wall_check, load in STATE["rounds"]:
         latencies = wall_check.get("latency_ms", [])
         tokens = sum(wall_check.get("tokens", [])) or 1
         daphne = next(k for k in with_wall.cpu if k.startswith("daphne") and "main" not in k)
         cpu_without = without.cpu[daphne] * 1e6 / tokens
         cpu_with = with_wall.cpu[daphne] * 1e6 / tokens
+        loop_without = without.cpu.get(f"{daphne} main thread", 0) * 1e6 / tokens
+        loop_with = with_wall.cpu.get(f"{daphne} main thread", 0) * 1e6 / tokens
         student = with_wall.check.latencies_ms
         print(f"\n== the wall: {with_wall.clients} students streaming, one wall socket open")
+        print(
+            "   load average (1 min): {:.2f} before, {:.2f} between the rounds, {:.2f} after".format(
+                *load
+            )
+        )
         print(
             f"   chunk → student p50/p95/max  {bs.percentile(student, 50):7.1f} /"
             f" {bs.percentile(student, 95):7.1f} / {max(student or [0]):7.1f} ms"
@@ -196,6 +212,10 @@ def report() -> None:
             f"   Daphne CPU per 1k tokens: {cpu_with:.1f} ms with the wall, "
             f"{cpu_without:.1f} ms without: the wall socket ≈ {cpu_with - cpu_without:.1f} ms"
             " per 1k tokens (two runs on a shared box: noisy)"
+        )
+        print(
+            f"   of which Daphne's event loop: {loop_with:.1f} ms with the wall, "
+            f"{loop_without:.1f} ms without (≈ {loop_with - loop_without:.1f} ms per 1k tokens)"
         )
 
 

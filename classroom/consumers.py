@@ -28,13 +28,16 @@ from django.utils import translation
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from chat.access import ChatAction, access_chat
+from chat.access import ChatAction, can_access_chat
 from chat.actions import ActionError
+from chat.live import subscription as live_subscription
 from chat.live.consumers import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from chat.live.direct import DirectDispatch
 from chat.live.doorbell import chat_group
 from chat.live.language import scope_language
 from chat.live.layers import live_layer_alias
 from chat.live.subscription import ChatSubscription
+from chat.models import ChatSession
 from chat.presentation import fragments
 from chat.runhost import executor
 from classroom import actions, wall
@@ -43,8 +46,12 @@ from classroom.models import Classroom, ClassroomChat, TeacherView
 
 logger = logging.getLogger(__name__)
 
+# The wall re-checks its access to every followed chat in the background, every
+# ChatSubscription's ACCESS_RECHECK_SECONDS, this many chats per trip to the database thread.
+ACCESS_CHECK_CHUNK = 10
 
-class WallConsumer(AsyncWebsocketConsumer):
+
+class WallConsumer(DirectDispatch, AsyncWebsocketConsumer):
     classroom_id: int
     student_id: int | None
 
@@ -58,6 +65,11 @@ class WallConsumer(AsyncWebsocketConsumer):
         # The newest stream snapshot per chat, sent together once per push interval.
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.flushing: asyncio.TimerHandle | None = None
+        self._flush_task: asyncio.Task | None = None
+        # The batched access re-checks: chat -> (when, allowed), the check under way.
+        self._access: dict[str, tuple[float, bool]] = {}
+        self._access_check: asyncio.Task | None = None
+        self._rechecks: asyncio.Task | None = None
         translation.activate(scope_language(self.scope))
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -77,11 +89,17 @@ class WallConsumer(AsyncWebsocketConsumer):
         self.students = await database_sync_to_async(self._students)()  # the page's tiles
         await self.accept()
         await self._follow_new_chats()
+        self._rechecks = asyncio.get_running_loop().create_task(self._recheck_access())
         executor.ensure_sweeper()
 
     async def disconnect(self, code: int) -> None:
+        self.snapshots = {}  # nothing more to flush
         if self.flushing is not None:
             self.flushing.cancel()
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+        if self._rechecks is not None:
+            self._rechecks.cancel()
         for chat_id, subscription in self.subscriptions.items():
             subscription.close()
             await self.channel_layer.group_discard(chat_group(chat_id), self.channel_name)
@@ -103,17 +121,81 @@ class WallConsumer(AsyncWebsocketConsumer):
         return True
 
     async def _may_view_async(self, chat_id: str) -> bool:
-        return await database_sync_to_async(self._may_view)(chat_id)
+        """A tile's access re-check (its subscription's, every ACCESS_RECHECK_SECONDS).
 
-    def _may_view(self, chat_id: str) -> bool:
+        Answered from the wall's background check (:meth:`_recheck_access`, which acts
+        on a loss itself) while that keeps up, so a push never waits for the database;
+        checked here only when the newest answer is older than two periods. Asked one
+        by one, the forty tiles' re-checks fell due together, in one flush: forty trips
+        to the process's one database thread in a row, holding the wall's frames (and
+        every other socket's trip) for up to a second.
+        """
+        answer = self._access.get(chat_id)
+        now = asyncio.get_running_loop().time()
+        if answer is not None and now - answer[0] < 2 * live_subscription.ACCESS_RECHECK_SECONDS:
+            return answer[1]
+        answers = await self._check_access({*self.subscriptions, chat_id})
+        return bool(answers.get(chat_id))
+
+    async def _recheck_access(self) -> None:
+        """Re-check every followed chat every ACCESS_RECHECK_SECONDS; a chat no longer
+        visible stops being pushed at once (the socket closes if the class is lost)."""
+        while True:
+            await asyncio.sleep(live_subscription.ACCESS_RECHECK_SECONDS)
+            try:
+                answers = await self._check_access(set(self.subscriptions))
+            except Exception:  # noqa: BLE001 - the tiles' own re-checks go on
+                logger.warning(
+                    "access re-check of wall %s failed", self.classroom_id, exc_info=True
+                )
+                continue
+            lost_all = self.subscriptions and not any(answers.values())
+            if lost_all and not await self._teaches():
+                await self.close(code=CLOSE_FORBIDDEN)
+                return
+            for chat_id, allowed in answers.items():
+                subscription = self.subscriptions.get(chat_id)
+                if not allowed and subscription is not None:
+                    subscription.access_lost = True  # nothing more is pushed for it
+                    await self._lost(chat_id)
+
+    async def _check_access(self, chat_ids: set[str]) -> dict[str, bool]:
+        """One check at a time, shared: a check under way that asked about these chats
+        answers for them; the answers are kept with their time."""
+        while True:
+            checking = self._access_check
+            if checking is None or checking.done():
+                checking = self._access_check = asyncio.get_running_loop().create_task(
+                    self._check_access_now(sorted(chat_ids))
+                )
+            answers = await asyncio.shield(checking)
+            if chat_ids <= answers.keys():
+                return answers
+
+    async def _check_access_now(self, chat_ids: list[str]) -> dict[str, bool]:
+        answers: dict[str, bool] = {}
+        for start in range(0, len(chat_ids), ACCESS_CHECK_CHUNK):  # others' trips between
+            chunk = chat_ids[start : start + ACCESS_CHECK_CHUNK]
+            answers.update(await database_sync_to_async(self._may_view_many)(chunk))
+        now = asyncio.get_running_loop().time()
+        self._access.update((chat_id, (now, allowed)) for chat_id, allowed in answers.items())
+        return answers
+
+    def _may_view_many(self, chat_ids: list[str]) -> dict[str, bool]:
+        """Whether the teacher may still view each chat (the class's teacher, and the
+        chat's own VIEW access, as ``access_chat`` decides it)."""
         user = self.scope["user"]
         try:
             user.refresh_from_db(fields=["is_active"])
             access_classroom(user, self.classroom_id, ClassAction.TEACH)
-            access_chat(user, chat_id, ChatAction.VIEW)
         except (Http404, ObjectDoesNotExist):
-            return False
-        return True
+            return dict.fromkeys(chat_ids, False)
+        chats = ChatSession.objects.select_related("owner").in_bulk(chat_ids)
+        found = {str(pk): chat for pk, chat in chats.items()}
+        return {
+            chat_id: chat_id in found and can_access_chat(user, found[chat_id], ChatAction.VIEW)
+            for chat_id in chat_ids
+        }
 
     # --- following the class's chats -------------------------------------------------------
 
@@ -141,8 +223,13 @@ class WallConsumer(AsyncWebsocketConsumer):
     async def _follow_new_chats(self) -> list[str]:
         found = await database_sync_to_async(self._class_chats)()
         new = [chat_id for chat_id in found if chat_id not in self.subscriptions]
+        now = asyncio.get_running_loop().time()
         for chat_id in new:
             self.names[chat_id] = found[chat_id]
+            # Called once the teacher was just found teaching the class, whose chats these
+            # are: the tile's first re-check falls due with the background check, not
+            # before it (where it would wait for a whole check in a flush).
+            self._access[chat_id] = (now, True)
             self.subscriptions[chat_id] = ChatSubscription(
                 chat_id,
                 send=self._send_html,
@@ -251,29 +338,40 @@ class WallConsumer(AsyncWebsocketConsumer):
         if chat_id not in self.subscriptions:
             return
         self.snapshots[chat_id] = event
-        if self.flushing is None:
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        # One flush at a time: one that waits for an access check is not overtaken by the
+        # next (whose older tails would then arrive after newer ones).
+        if self.flushing is None and self._flush_task is None:
             interval = float(settings.LYCEUM_STREAM_PUSH_INTERVAL)
             loop = asyncio.get_running_loop()
             self.flushing = loop.call_later(interval, self._start_flush)
 
     def _start_flush(self) -> None:
         self.flushing = None
-        task = asyncio.get_running_loop().create_task(self._flush_snapshots())
-        self._flush_task = task  # keep a reference until it is done
+        self._flush_task = asyncio.get_running_loop().create_task(self._flush_snapshots())
 
     async def _flush_snapshots(self) -> None:
-        snapshots, self.snapshots = self.snapshots, {}
-        parts = []
-        for chat_id, event in snapshots.items():
-            subscription = self.subscriptions.get(chat_id)
-            if subscription is None or subscription.last_seq is None:
-                continue
-            if not await subscription.may_still_watch():
-                continue
-            parts.append(subscription.stream_fragment(event))
-        html = "".join(parts)
-        if html:
-            await self._send_html(html)
+        try:
+            snapshots, self.snapshots = self.snapshots, {}
+            watched = []
+            for chat_id in snapshots:
+                subscription = self.subscriptions.get(chat_id)
+                if subscription is None or subscription.last_seq is None:
+                    continue
+                if await subscription.may_still_watch():  # no trip while the checks keep up
+                    watched.append(subscription)
+            # Rendered after the checks, with no wait until the send: a reply written
+            # while a check was under way (its doorbell sent the tile's own lines)
+            # drops its late snapshot here.
+            html = "".join(s.stream_fragment(snapshots[s.chat_id]) for s in watched)
+            if html:
+                await self._send_html(html)
+        finally:
+            self._flush_task = None
+            if self.snapshots:
+                self._schedule_flush()
 
     async def class_roster(self, event: dict[str, Any]) -> None:
         """A student joined or opened the class chat: a new tile, followed from seq 0."""
