@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import ssl
 import typing
 import urllib.request
@@ -303,6 +304,14 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         return None
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _address(address: typing.Any) -> typing.Any:
     """(host, port) like anyio: IPv6 addresses lose flowinfo and keep a scope as ``%id``."""
     if isinstance(address, tuple) and len(address) == 4:
@@ -335,7 +344,8 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
                     host,
                     port,
                     local_addr=local_addr,
-                    happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
+                    # One address (an IP literal): no race to run, only its tasks to pay.
+                    happy_eyeballs_delay=None if _is_ip(host) else HAPPY_EYEBALLS_DELAY,
                 )
             # asyncio already sets TCP_NODELAY; options are applied after connecting,
             # as the anyio backend does.

@@ -115,12 +115,16 @@ class Prepared:
     upstream: pool.Upstream
     body: bytes  # what goes to the upstream
     stream: bool
-    admission: limits.Admission
+    admission: limits.Admission | None
     prompt_estimate: int
     session_key: str = ""
     agent_id: str = ""
     user_text: str = ""
     started: float = field(default_factory=time.monotonic)
+    model: str = ""  # as the client named it
+    policies: list[limits.Policy] = field(default_factory=list)
+    cost: int = 0  # tokens held against the budgets
+    pooled: Any = None  # pool.pool_of's answer
 
 
 @dataclass
@@ -184,8 +188,9 @@ def find_model(name: str) -> ModelChoice:
     )
 
 
-def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
-    """Everything before the upstream call (sync: call on the database thread)."""
+def prepare(api_key: ApiKey, data: dict[str, Any], *, admit: bool = True) -> Prepared:
+    """Everything before the upstream call (sync: call on the database thread). With
+    ``admit=False`` the limits are not taken: the caller takes them (:func:`admitted`)."""
     user = api_key.user
     session_key = _optional_str(data, "session_key", 200)
     agent_id = _optional_str(data, "agent_id", 64)
@@ -223,18 +228,6 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     # (ttlcache.Miss) must leave nothing taken, the database thread then does it all.
     pooled = pool.pool_of(choice.provider_name)
     policies = cached(("limits", api_key.pk), lambda: limits.policies_for(user, api_key))
-    try:
-        admission = limits.admit(policies, cost)
-    except limits.Refused as exc:
-        _record_refusal(user, api_key, model, stream, session_key, agent_id, exc)
-        raise RelayError(
-            429,
-            exc.message,
-            "rate_limit_error" if exc.reason == "rate_limit" else "insufficient_quota",
-            "rate_limit_exceeded" if exc.reason == "rate_limit" else "insufficient_quota",
-            retry_after=exc.retry_after,
-        ) from None
-    upstream = pool.ordered(pooled)  # the round robin's turn: once per admitted request
     passed = set(settings.LYCEUM_RELAY_PASS_FIELDS)
     out = {k: v for k, v in data.items() if k in OPENAI_FIELDS or k in passed}
     out["model"] = choice.model_id
@@ -246,18 +239,47 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             "include_usage": True,
         }
     body = json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return Prepared(
+    prep = Prepared(
         user,
         api_key,
         choice,
-        upstream,
+        pool.Upstream(pooled[0], pooled[1].rstrip("/"), [], 0.0),  # ordered once admitted
         body,
         stream,
-        admission,
+        None,
         prompt_estimate,
         session_key,
         agent_id,
         user_text,
+        model=model,
+        policies=policies,
+        cost=cost,
+        pooled=pooled,
+    )
+    if admit:
+        try:
+            admitted(prep, limits.admit(policies, cost))
+        except limits.Refused as exc:
+            raise _refused(prep, exc) from None
+    return prep
+
+
+def admitted(prep: Prepared, admission: limits.Admission) -> None:
+    """The request is admitted: it holds ``admission`` and takes the round robin's turn."""
+    prep.admission = admission
+    prep.upstream = pool.ordered(prep.pooled)  # once per admitted request
+
+
+def _refused(prep: Prepared, exc: limits.Refused) -> RelayError:
+    _record_refusal(
+        prep.user, prep.api_key, prep.model, prep.stream, prep.session_key, prep.agent_id, exc
+    )
+    return RelayError(
+        429,
+        exc.message,
+        "rate_limit_error" if exc.reason == "rate_limit" else "insufficient_quota",
+        "rate_limit_exceeded" if exc.reason == "rate_limit" else "insufficient_quota",
+        retry_after=exc.retry_after,
     )
 
 
@@ -775,20 +797,48 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     """:func:`prepare` in the event loop when everything it reads is in memory and the
     limits are in Redis; what is missing is loaded once on the database thread (however
     many requests miss it together) and the request tried again. The limits in the
-    database, or a budget to seed: the whole of it on the database thread."""
+    database, or a budget to seed: the whole of it on the database thread.
+
+    In the event loop the admission script is sent to Redis, the upstream connected
+    meanwhile (unless a kept connection waits), and then Redis's answer read: the two
+    round trips overlap."""
     from channels.db import database_sync_to_async
 
     for _ in range(6):  # agent, models, pool, limits: each filled at most once
         try:
             with ttlcache.offline():
-                return prepare(api_key, dict(data))  # prepare pops the relay's own fields
+                prep = prepare(api_key, dict(data), admit=False)  # pops the relay's fields
         except ttlcache.Miss as miss:
             if miss.load is None:
                 break
             # Everything prepare reads, loaded in one trip (entries expire together).
             warm = functools.partial(_warm, api_key, data, miss)
             await ttlcache.fill(("warm", miss.key), warm, keep=False)
+            continue
+        pending = limits.admit_later(prep.policies, prep.cost)
+        if pending is None:
+            break
+        try:
+            await client().warm(f"{prep.upstream.base_url}/chat/completions")
+        except BaseException:  # cancelled: Redis's answer is read, what it took given back
+            admission = _answer(pending, prep)
+            if admission is not None:
+                admitted(prep, admission)
+                finish(prep, Outcome(status="cancelled", error="the client disconnected"))
+            raise
+        admission = _answer(pending, prep)
+        if admission is None:
+            break  # a budget to seed from the records: the database thread's work
+        admitted(prep, admission)
+        return prep
     return await database_sync_to_async(prepare)(api_key, data)
+
+
+def _answer(pending: limits.Pending, prep: Prepared) -> limits.Admission | None:
+    try:
+        return pending.result()
+    except limits.Refused as exc:
+        raise _refused(prep, exc) from None
 
 
 def list_models() -> list[dict[str, Any]]:

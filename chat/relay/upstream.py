@@ -224,13 +224,25 @@ class Pool:
             raise UpstreamError(f"connecting to the upstream failed: {type(exc).__name__}") from exc
         return stream  # type: ignore[no-any-return]
 
+    async def warm(self, url: str) -> None:
+        """Have a connection to ``url``'s host ready for the next request (connect now
+        unless one is kept). A failure is left for that request to find."""
+        try:
+            origin = _origin(urlsplit(url))
+        except UpstreamError:
+            return
+        idle = self._idle.get(origin)
+        if idle and not idle[-1][0].get_extra_info("is_readable"):
+            return
+        try:
+            stream = await self._connect(origin)
+        except UpstreamError:
+            return
+        self.release(origin, stream)
+
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Response:
         parts = urlsplit(url)
-        scheme = parts.scheme.lower()
-        if scheme not in ("http", "https") or not parts.hostname:
-            raise UpstreamError(f"not an http(s) URL: {scheme}")
-        port = parts.port or (443 if scheme == "https" else 80)
-        origin = (scheme, parts.hostname, port)
+        origin = _origin(parts)
         host = parts.netloc.rpartition("@")[2]
         path = parts.path or "/"
         if parts.query:
@@ -288,6 +300,17 @@ class Pool:
 
 class _NothingBack(UpstreamError):
     """The request failed before any byte of an answer came back."""
+
+
+def _origin(parts: Any) -> tuple[str, str, int]:
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise UpstreamError(f"not an http(s) URL: {scheme}")
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError:
+        raise UpstreamError("a bad port in the URL") from None
+    return scheme, parts.hostname, port
 
 
 def _abort(stream: AsyncioStream) -> None:
@@ -362,6 +385,11 @@ class Client:
         if known is None:
             known = self._proxied[name] = environment_proxy_for(url)
         return known
+
+    async def warm(self, url: str) -> None:
+        """Connect to ``url``'s host ahead of a request (not through a proxy)."""
+        if not self._via_proxy(url):
+            await self.pool.warm(url)
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Response:
         if not self._via_proxy(url):

@@ -156,3 +156,28 @@ async def test_a_body_cut_short_is_an_upstream_error():
             await client.post(f"http://127.0.0.1:{port}/", b"x", {})
     finally:
         await client.aclose()
+
+
+async def test_a_warmed_connection_carries_the_next_request():
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            body = await _read_request(reader)
+        except asyncio.IncompleteReadError:
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+
+    server, port, connections = await _server(keep_alive)
+    client = upstream.Client(5.0, 30.0)
+    try:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        await client.warm(url)
+        await client.warm(url)  # one kept already: no second connection
+        response = await client.post(url, b"hello", {})
+        assert await response.aread() == b"hello"
+        await response.aclose()
+        assert len(connections) == 1
+        await client.warm("http://127.0.0.1:1/v1")  # nothing listens: left to the request
+    finally:
+        await client.aclose()
+        server.close()
