@@ -553,7 +553,7 @@ async def relay_stream(
     paced = interval > 0 and network is not None
     if paced:  # one read per interval carries every token that arrived meanwhile
         network.pace_reads(interval)
-    reads = response.aiter_body().__aiter__()
+    reads = response.aiter_body(idle).__aiter__()
     outcome.http_status = 200
     tail = b""
     held: list[bytes] = []  # complete lines kept while the next event is already here
@@ -561,8 +561,7 @@ async def relay_stream(
     try:
         while not scanner.done:
             try:
-                async with asyncio.timeout(idle):
-                    data = await reads.__anext__()
+                data = await reads.__anext__()  # TimeoutError after `idle` without a byte
             except StopAsyncIteration:
                 break
             out = scanner.feed(data)

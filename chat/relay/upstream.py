@@ -20,11 +20,13 @@ knows how to use it. Errors are :class:`UpstreamError` either way.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 
 from chat.llm.netbackend import AsyncioBackend, AsyncioStream, environment_proxy_for
@@ -148,15 +150,19 @@ class Response:
         self._raw = raw[pos:]
         return b"".join(out)
 
-    async def aiter_body(self) -> AsyncIterator[bytes]:
-        """The body, one piece per network read (empty pieces skipped)."""
+    async def aiter_body(self, idle: float | None = None) -> AsyncIterator[bytes]:
+        """The body, one piece per network read (empty pieces skipped); ``TimeoutError``
+        when nothing arrives for ``idle`` seconds (the timer is set only for a read
+        that has to wait)."""
         if self._raw or self.complete:
             data = self._decode()
             if data:
                 yield data
         while not self.complete:
             try:
-                received = await self.network.read(READ_SIZE)
+                received = await self.network.read(READ_SIZE, idle)
+            except httpcore.ReadTimeout as exc:
+                raise TimeoutError("the upstream sent nothing for too long") from exc
             except Exception as exc:  # httpcore's ReadError
                 raise UpstreamError(f"reading the upstream failed: {exc}") from exc
             if not received:
@@ -355,12 +361,17 @@ class _HttpxResponse:
     def pending(self) -> bool:
         return False
 
-    async def aiter_body(self) -> AsyncIterator[bytes]:
-        try:
-            async for piece in self._response.aiter_raw():
-                yield piece
-        except httpx.HTTPError as exc:
-            raise UpstreamError(type(exc).__name__) from exc
+    async def aiter_body(self, idle: float | None = None) -> AsyncIterator[bytes]:
+        pieces = self._response.aiter_raw().__aiter__()
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    piece = await pieces.__anext__()
+            except StopAsyncIteration:
+                return
+            except httpx.HTTPError as exc:
+                raise UpstreamError(type(exc).__name__) from exc
+            yield piece
 
     async def aread(self) -> bytes:
         return b"".join([piece async for piece in self.aiter_body()])
