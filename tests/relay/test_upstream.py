@@ -10,6 +10,7 @@ import pytest
 
 from chat.relay import upstream
 from chat.relay.upstream import Response, UpstreamError
+from tests.llm.test_netbackend import certificate  # noqa: F401, F811 - the fixture
 
 BODY = b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
 
@@ -179,5 +180,48 @@ async def test_a_warmed_connection_carries_the_next_request():
         assert len(connections) == 1
         await client.warm("http://127.0.0.1:1/v1")  # nothing listens: left to the request
     finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_https_upstreams_are_verified_and_kept_alive(certificate):  # noqa: F811
+    from tests.llm.test_netbackend import server_context, trusting_context
+
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                body = await _read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await keep_alive(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_context(certificate))
+    port = server.sockets[0].getsockname()[1]
+    url = f"https://127.0.0.1:{port}/v1/chat/completions"
+    untrusting = upstream.Client(5.0, 30.0)  # the default context does not know the cert
+    client = upstream.Client(5.0, 30.0)
+    client.pool._ssl = trusting_context(certificate)
+    try:
+        with pytest.raises(UpstreamError):
+            await untrusting.post(url, b"x", {})
+        for text in (b"one", b"two"):
+            response = await client.post(url, text, {})
+            assert await response.aread() == text
+            await response.aclose()
+        assert (
+            len(connections) == 1
+        )  # both over one kept connection (the refused one never got past its handshake)
+    finally:
+        await untrusting.aclose()
         await client.aclose()
         server.close()
