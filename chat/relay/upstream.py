@@ -21,6 +21,7 @@ knows how to use it. Errors are :class:`UpstreamError` either way.
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -196,21 +197,26 @@ class Pool:
     """Kept-alive connections per (scheme, host, port), for one event loop."""
 
     def __init__(self, connect_timeout: float) -> None:
-        self._idle: dict[tuple[str, str, int], list[tuple[AsyncioStream, float]]] = {}
+        # Per origin, oldest first; the newest is reused first (it is the likeliest open).
+        self._idle: dict[tuple[str, str, int], collections.deque[tuple[AsyncioStream, float]]] = {}
         self._backend = AsyncioBackend()
         self._connect_timeout = connect_timeout
         self._ssl: Any = None
 
     def release(self, origin: tuple[str, str, int], stream: AsyncioStream) -> None:
-        idle = self._idle.setdefault(origin, [])
+        idle = self._idle.setdefault(origin, collections.deque())
+        now = time.monotonic()
+        _prune(idle, now)
         if len(idle) < MAX_IDLE_PER_HOST:
-            idle.append((stream, time.monotonic()))
+            idle.append((stream, now))
         else:
             _abort(stream)
 
     def _kept(self, origin: tuple[str, str, int]) -> AsyncioStream | None:
         idle = self._idle.get(origin)
         now = time.monotonic()
+        if idle:
+            _prune(idle, now)
         while idle:
             stream, since = idle.pop()
             if now - since < KEEPALIVE_SECONDS and not stream.get_extra_info("is_readable"):
@@ -317,6 +323,13 @@ def _origin(parts: Any) -> tuple[str, str, int]:
     except ValueError:
         raise UpstreamError("a bad port in the URL") from None
     return scheme, parts.hostname, port
+
+
+def _prune(idle: collections.deque[tuple[AsyncioStream, float]], now: float) -> None:
+    """Close the kept connections idle too long (left over from a burst, say): a server
+    that closed one leaves it half-open here until it is closed."""
+    while idle and now - idle[0][1] >= KEEPALIVE_SECONDS:
+        _abort(idle.popleft()[0])
 
 
 def _abort(stream: AsyncioStream) -> None:

@@ -225,3 +225,34 @@ async def test_https_upstreams_are_verified_and_kept_alive(certificate):  # noqa
         await untrusting.aclose()
         await client.aclose()
         server.close()
+
+
+async def test_connections_kept_too_long_are_closed_when_the_pool_is_next_used():
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                body = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+
+    server, port, connections = await _server(keep_alive)
+    client = upstream.Client(5.0, 30.0)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        responses = await asyncio.gather(*(client.post(url, b"x", {}) for _ in range(3)))
+        for response in responses:
+            await response.aread()
+            await response.aclose()
+        idle = next(iter(client.pool._idle.values()))
+        assert len(idle) == 3 and len(connections) == 3
+        old = [stream for stream, _since in idle]
+        idle[0] = (idle[0][0], idle[0][1] - upstream.KEEPALIVE_SECONDS)  # the oldest aged out
+        response = await client.post(url, b"y", {})
+        assert await response.aread() == b"y"
+        await response.aclose()
+        assert old[0]._closed and len(idle) == 2 and len(connections) == 3
+    finally:
+        await client.aclose()
+        server.close()
