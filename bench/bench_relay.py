@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -130,9 +132,13 @@ print(create_api_key(user)[1])
     return env, out.stdout.strip().splitlines()[-1]
 
 
-def start_daphne(env: dict[str, str], nodelay: bool) -> tuple[subprocess.Popen[str], int]:
+def start_daphne(
+    env: dict[str, str], nodelay: bool, profile: str = ""
+) -> tuple[subprocess.Popen[str], int]:
     port = _free_port()
     launcher = [PY, str(ROOT / "bench" / "daphne_nodelay.py")] if nodelay else [PY, "-m", "daphne"]
+    if profile:  # cProfile of the event loop's thread, written when Daphne stops (SIGINT)
+        launcher = [PY, "-m", "cProfile", "-o", profile, *launcher[1:]]
     popen = subprocess.Popen(
         [*launcher, "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
         cwd=ROOT,
@@ -221,6 +227,9 @@ def main() -> None:
         "--redis", default="", help="REDIS_URL for the relay's limits (default: the database)"
     )
     parser.add_argument("--nodelay", action="store_true", help="Daphne with TCP_NODELAY")
+    parser.add_argument(
+        "--profile", default="", metavar="OUT", help="run Daphne under cProfile, stats to OUT"
+    )
     parser.add_argument("--pipe", nargs=2, type=int, metavar=("PORT", "UPSTREAM"))
     args = parser.parse_args()
     if args.pipe:
@@ -243,7 +252,7 @@ def main() -> None:
     db = tempfile.mktemp(prefix="bench-relay-", suffix=".sqlite3")
     env, key = setup_relay(fake_port, db, args.redis)
     print(f"relay limits in {'Redis' if args.redis else 'the database (SQLite)'}")
-    daphne, relay_port = start_daphne(env, args.nodelay)
+    daphne, relay_port = start_daphne(env, args.nodelay, args.profile)
     print(
         f"Daphne {'via bench/daphne_nodelay.py' if args.nodelay else 'as shipped'}"
         " (TCP_NODELAY: chatsite/nodelay.py, installed by chatsite/asgi.py)"
@@ -342,6 +351,10 @@ def main() -> None:
             f"{ok} ok with real usage; {streamed_right} streamed with {args.tokens} completion tokens"
         )
     finally:
+        if args.profile:
+            daphne.send_signal(signal.SIGINT)  # cProfile writes its stats on a clean exit
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                daphne.wait(20)
         for proc in (daphne, pipe, fake):
             proc.terminate()
             try:

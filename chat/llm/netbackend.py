@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import ssl
 import typing
 import urllib.request
@@ -202,6 +203,10 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
             wait = self._next_read_at - asyncio.get_running_loop().time()
             if wait > 0:
                 await asyncio.sleep(wait)
+            data = self._take_paused(max_bytes)
+            if data:
+                self._next_read_at = asyncio.get_running_loop().time() + self._read_interval
+                return data
             self._hold_back(False)
         if not protocol.size and not (protocol.eof or protocol.lost or self._closed):
             if protocol.read_waiter is not None:
@@ -223,6 +228,22 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         if protocol.exception is not None:
             raise httpcore.ReadError(protocol.exception) from protocol.exception
         return b""
+
+    def _take_paused(self, max_bytes: int) -> bytes:
+        """A paced read's bytes straight from the kernel while the socket stays unwatched:
+        one non-blocking ``recv`` instead of resuming reading, a loop iteration for the
+        event and pausing again (two ``epoll_ctl`` calls). ``b""`` when there is nothing
+        yet, or an end or an error to see: reading resumes and the transport sees it."""
+        protocol = self._protocol
+        if not protocol.pace_paused or protocol.tls or protocol.eof or protocol.lost:
+            return b""
+        sock = getattr(self._transport, "_sock", None)  # asyncio's socket transport
+        if sock is None or self._closed:
+            return b""
+        try:
+            return bytes(sock.recv(max_bytes))
+        except OSError:  # BlockingIOError: nothing yet; others: the transport's to report
+            return b""
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
@@ -303,6 +324,14 @@ class AsyncioStream(httpcore.AsyncNetworkStream):
         return None
 
 
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _address(address: typing.Any) -> typing.Any:
     """(host, port) like anyio: IPv6 addresses lose flowinfo and keep a scope as ``%id``."""
     if isinstance(address, tuple) and len(address) == 4:
@@ -335,7 +364,8 @@ class AsyncioBackend(httpcore.AsyncNetworkBackend):
                     host,
                     port,
                     local_addr=local_addr,
-                    happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY,
+                    # One address (an IP literal): no race to run, only its tasks to pay.
+                    happy_eyeballs_delay=None if _is_ip(host) else HAPPY_EYEBALLS_DELAY,
                 )
             # asyncio already sets TCP_NODELAY; options are applied after connecting,
             # as the anyio backend does.

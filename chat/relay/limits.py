@@ -411,8 +411,9 @@ def _budget_key(scope: str, period: str) -> str:
     return f"{_prefix()}:budget:{scope}:{period}"
 
 
-def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: bool) -> None:
-    client = _redis()
+def _script_keys_args(
+    policies: list[Policy], period: str, cost: int, take: bool, hold: bool
+) -> tuple[list[str], list[Any]]:
     keys: list[str] = []
     args: list[Any] = [repr(time.time()), cost, int(take), int(hold)]
     for policy in policies:
@@ -423,14 +424,90 @@ def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hol
             policy.monthly_tokens,
             repr(float(policy.lockout)),
         ]
+    return keys, args
+
+
+def _admitted(result: Any) -> bool:
+    """True for the script's {1}, :class:`Refused` for {0, ...}, False for {-1, i} (seed)."""
+    if int(result[0]) == 1:
+        return True
+    if int(result[0]) == 0:
+        reason = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
+        raise _refusal(reason, float(result[2]))
+    return False
+
+
+class Pending:
+    """A relay admission sent to Redis whose answer is read later (:meth:`result`).
+
+    The script is sent at once and its answer read only when the caller has done
+    something else meanwhile (the relay connects to its upstream): Redis's round trip
+    and the connect overlap instead of following each other. The answer must be read
+    whatever happens in between, else it would be taken as the next command's.
+    """
+
+    def __init__(self, policies: list[Policy], cost: int) -> None:
+        self.policies, self.cost = policies, cost
+        self.period = period_of()
+        self._keys, self._args = _script_keys_args(policies, self.period, cost, True, True)
+        self._client = _redis()
+        self._script = _admit_script(settings.REDIS_URL)
+        pool = self._client.connection_pool
+        self._connection: Any = pool.get_connection()
+        try:
+            self._connection.send_command(
+                "EVALSHA", self._script.sha, len(self._keys), *self._keys, *self._args
+            )
+        except BaseException:
+            self._release(broken=True)
+            raise
+
+    def _release(self, broken: bool = False) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if broken:
+            connection.disconnect()
+        self._client.connection_pool.release(connection)
+
+    def result(self) -> Admission | None:
+        """The admission, :class:`Refused`, or None: a budget not in Redis yet (nothing
+        was taken; the caller admits the usual way, which seeds it)."""
+        import redis
+
+        if self._connection is None:
+            raise RuntimeError("the admission's answer was already read")
+        try:
+            result = self._connection.read_response()
+        except redis.exceptions.NoScriptError:  # Redis lost its scripts: the usual way
+            self._release()
+            result = self._script(keys=self._keys, args=self._args)
+        except BaseException:
+            self._release(broken=True)
+            raise
+        else:
+            self._release()
+        if _admitted(result):
+            return Admission(self.policies, self.period, self.cost)
+        return None
+
+
+def admit_later(policies: list[Policy], cost: int) -> Pending | None:
+    """:func:`admit` (take and hold) started now and answered by ``Pending.result()``,
+    when the limits are in Redis; else None (admit the usual way)."""
+    if not settings.REDIS_URL:
+        return None
+    return Pending(policies, cost)
+
+
+def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: bool) -> None:
+    client = _redis()
+    keys, args = _script_keys_args(policies, period, cost, take, hold)
     script = _admit_script(settings.REDIS_URL)
     for _ in range(len(policies) + 1):
         result = script(keys=keys, args=args)
-        if int(result[0]) == 1:
+        if _admitted(result):
             return
-        if int(result[0]) == 0:
-            reason = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
-            raise _refusal(reason, float(result[2]))
         if ttlcache.is_offline():  # seeding reads the records: the database thread's work
             raise ttlcache.Miss("budget")
         policy = policies[int(result[1]) - 1]  # a budget not in Redis yet: seed it from records

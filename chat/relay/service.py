@@ -26,7 +26,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from django.conf import settings
 from django.utils.translation import gettext
 
@@ -34,13 +33,14 @@ from chat import throttle
 from chat.apikeys import authenticate_api_key, hash_key
 from chat.catalog import ModelChoice, available_models
 from chat.core.tokens import estimate_text_tokens, estimate_tokens
-from chat.llm.netbackend import AsyncioTransport, environment_proxy_for
 from chat.llm.openai import scrub_secret
 from chat.llm.retry import error_fields, parse_retry_after, short_detail
 from chat.llm.wire import WireError, messages_from_openai
 from chat.models import Agent, ApiKey, UsageRecord
 from chat.relay import limits, pool, ttlcache
+from chat.relay import upstream as upstream_http
 from chat.relay.ttlcache import cached
+from chat.relay.upstream import Response, UpstreamError
 from chat.relay.writer import Item, writer
 
 logger = logging.getLogger(__name__)
@@ -115,12 +115,16 @@ class Prepared:
     upstream: pool.Upstream
     body: bytes  # what goes to the upstream
     stream: bool
-    admission: limits.Admission
+    admission: limits.Admission | None
     prompt_estimate: int
     session_key: str = ""
     agent_id: str = ""
     user_text: str = ""
     started: float = field(default_factory=time.monotonic)
+    model: str = ""  # as the client named it
+    policies: list[limits.Policy] = field(default_factory=list)
+    cost: int = 0  # tokens held against the budgets
+    pooled: Any = None  # pool.pool_of's answer
 
 
 @dataclass
@@ -184,8 +188,9 @@ def find_model(name: str) -> ModelChoice:
     )
 
 
-def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
-    """Everything before the upstream call (sync: call on the database thread)."""
+def prepare(api_key: ApiKey, data: dict[str, Any], *, admit: bool = True) -> Prepared:
+    """Everything before the upstream call (sync: call on the database thread). With
+    ``admit=False`` the limits are not taken: the caller takes them (:func:`admitted`)."""
     user = api_key.user
     session_key = _optional_str(data, "session_key", 200)
     agent_id = _optional_str(data, "agent_id", 64)
@@ -223,18 +228,6 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     # (ttlcache.Miss) must leave nothing taken, the database thread then does it all.
     pooled = pool.pool_of(choice.provider_name)
     policies = cached(("limits", api_key.pk), lambda: limits.policies_for(user, api_key))
-    try:
-        admission = limits.admit(policies, cost)
-    except limits.Refused as exc:
-        _record_refusal(user, api_key, model, stream, session_key, agent_id, exc)
-        raise RelayError(
-            429,
-            exc.message,
-            "rate_limit_error" if exc.reason == "rate_limit" else "insufficient_quota",
-            "rate_limit_exceeded" if exc.reason == "rate_limit" else "insufficient_quota",
-            retry_after=exc.retry_after,
-        ) from None
-    upstream = pool.ordered(pooled)  # the round robin's turn: once per admitted request
     passed = set(settings.LYCEUM_RELAY_PASS_FIELDS)
     out = {k: v for k, v in data.items() if k in OPENAI_FIELDS or k in passed}
     out["model"] = choice.model_id
@@ -246,18 +239,47 @@ def prepare(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             "include_usage": True,
         }
     body = json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return Prepared(
+    prep = Prepared(
         user,
         api_key,
         choice,
-        upstream,
+        pool.Upstream(pooled[0], pooled[1].rstrip("/"), [], 0.0),  # ordered once admitted
         body,
         stream,
-        admission,
+        None,
         prompt_estimate,
         session_key,
         agent_id,
         user_text,
+        model=model,
+        policies=policies,
+        cost=cost,
+        pooled=pooled,
+    )
+    if admit:
+        try:
+            admitted(prep, limits.admit(policies, cost))
+        except limits.Refused as exc:
+            raise _refused(prep, exc) from None
+    return prep
+
+
+def admitted(prep: Prepared, admission: limits.Admission) -> None:
+    """The request is admitted: it holds ``admission`` and takes the round robin's turn."""
+    prep.admission = admission
+    prep.upstream = pool.ordered(prep.pooled)  # once per admitted request
+
+
+def _refused(prep: Prepared, exc: limits.Refused) -> RelayError:
+    _record_refusal(
+        prep.user, prep.api_key, prep.model, prep.stream, prep.session_key, prep.agent_id, exc
+    )
+    return RelayError(
+        429,
+        exc.message,
+        "rate_limit_error" if exc.reason == "rate_limit" else "insufficient_quota",
+        "rate_limit_exceeded" if exc.reason == "rate_limit" else "insufficient_quota",
+        retry_after=exc.retry_after,
     )
 
 
@@ -299,66 +321,26 @@ def _record_refusal(
 
 # --- the upstream ---------------------------------------------------------------------------------
 
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-    weakref.WeakKeyDictionary()
-)
-# The client's own transport when it has no proxy to go through: requests are handed to it
-# directly (see _send).
-_transports: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioTransport] = (
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, upstream_http.Client] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def client() -> httpx.AsyncClient:
-    """One client (and connection pool) per event loop, on the asyncio network backend."""
+def client() -> upstream_http.Client:
+    """One upstream client (and connection pool) per event loop (``upstream.py``)."""
     loop = asyncio.get_running_loop()
     kept = _clients.get(loop)
-    if kept is None or kept.is_closed:
-        limits_ = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-        _transports.pop(loop, None)
-        if environment_proxy_for(settings.LYCEUM_OPENAI_BASE_URL or "http://x"):
-            kept = httpx.AsyncClient(timeout=_timeout(), limits=limits_)
-        else:
-            transport = AsyncioTransport(limits=limits_)
-            kept = httpx.AsyncClient(transport=transport, timeout=_timeout(), limits=limits_)
-            _transports[loop] = transport
-        _clients[loop] = kept
+    if kept is None:
+        kept = _clients[loop] = upstream_http.Client(
+            settings.LYCEUM_CONNECT_TIMEOUT, settings.LYCEUM_RELAY_TIMEOUT
+        )
     return kept
-
-
-def _timeout() -> httpx.Timeout:
-    return httpx.Timeout(settings.LYCEUM_RELAY_TIMEOUT, connect=settings.LYCEUM_CONNECT_TIMEOUT)
-
-
-async def _send(request: httpx.Request) -> httpx.Response:
-    """``client().send(request, stream=True)``, skipping the client where it adds nothing.
-
-    Without a proxy the request goes straight to the transport: the client's layers
-    (auth and redirect generators, event hooks, and a cookie jar that parsed every
-    response's headers with the email package and would have sent one upstream's
-    cookies with everyone's later requests) cost more CPU than the relay's own work.
-    The request carries its timeouts itself (``_request``).
-    """
-    http = client()
-    transport = _transports.get(asyncio.get_running_loop())
-    if transport is None:
-        return await http.send(request, stream=True)
-    response = await transport.handle_async_request(request)
-    response.request = request
-    return response
-
-
-def _request(url: str, body: bytes, headers: dict[str, str]) -> httpx.Request:
-    return httpx.Request(
-        "POST", url, content=body, headers=headers, extensions={"timeout": _timeout().as_dict()}
-    )
 
 
 async def close_clients() -> None:
     for kept in list(_clients.values()):
         await kept.aclose()
     _clients.clear()
-    _transports.clear()
 
 
 def _scrub(text: str, keys: list[pool.PoolKey]) -> str:
@@ -367,7 +349,7 @@ def _scrub(text: str, keys: list[pool.PoolKey]) -> str:
     return text
 
 
-async def open_upstream_recorded(prep: Prepared, outcome: Outcome) -> httpx.Response:
+async def open_upstream_recorded(prep: Prepared, outcome: Outcome) -> Response:
     """:func:`open_upstream`; a request that fails or is cancelled before the upstream
     answered still leaves its usage record (the relay's two front doors share this)."""
     try:
@@ -381,7 +363,7 @@ async def open_upstream_recorded(prep: Prepared, outcome: Outcome) -> httpx.Resp
         raise
 
 
-async def open_upstream(prep: Prepared, outcome: Outcome) -> httpx.Response:
+async def open_upstream(prep: Prepared, outcome: Outcome) -> Response:
     """The upstream's 200 response (headers read), trying the pool's keys in turn."""
     up = prep.upstream
     if not up.keys:
@@ -403,17 +385,16 @@ async def open_upstream(prep: Prepared, outcome: Outcome) -> httpx.Response:
         }
         if key.secret:
             headers["Authorization"] = f"Bearer {key.secret}"
-        request = _request(url, prep.body, headers)
         try:
             async with asyncio.timeout(settings.LYCEUM_RELAY_FIRST_BYTE_TIMEOUT):
-                response = await _send(request)
+                response = await client().post(url, prep.body, headers)
         except TimeoutError:
             outcome.attempts.append(pool.KeyOutcome(key, None, True, "first byte timeout"))
             last = RelayError(
                 504, "The upstream did not answer in time.", "api_error", "upstream_timeout"
             )
             continue
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             outcome.attempts.append(pool.KeyOutcome(key, None, True, type(exc).__name__))
             last = RelayError(
                 502, "The upstream could not be reached.", "api_error", "upstream_unreachable"
@@ -425,8 +406,9 @@ async def open_upstream(prep: Prepared, outcome: Outcome) -> httpx.Response:
             outcome.attempts.append(pool.KeyOutcome(key, 200, False))
             return response
         try:
-            raw = await response.aread()
-        except httpx.HTTPError:
+            async with asyncio.timeout(settings.LYCEUM_RELAY_IDLE_TIMEOUT):
+                raw = await response.aread()
+        except (UpstreamError, TimeoutError):
             raw = b""
         finally:
             await response.aclose()
@@ -559,20 +541,19 @@ def error_event(message: str, code: str, type_: str = "api_error") -> bytes:
 
 async def relay_stream(
     prep: Prepared,
-    response: httpx.Response,
+    response: Response,
     outcome: Outcome,
     done: asyncio.Future[None] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """The upstream's SSE bytes for the client; the outcome is recorded however it ends."""
     scanner = StreamScanner(capture_text=bool(prep.session_key))
     idle = settings.LYCEUM_RELAY_IDLE_TIMEOUT
-    network: Any = response.extensions.get("network_stream")
+    network: Any = response.network
     interval = settings.LYCEUM_RELAY_READ_INTERVAL
-    paced = interval > 0 and hasattr(network, "pace_reads")
+    paced = interval > 0 and network is not None
     if paced:  # one read per interval carries every token that arrived meanwhile
         network.pace_reads(interval)
-    reads = response.aiter_raw().__aiter__()
-    h11 = _h11_of(response)
+    reads = response.aiter_body(idle).__aiter__()
     outcome.http_status = 200
     tail = b""
     held: list[bytes] = []  # complete lines kept while the next event is already here
@@ -580,15 +561,14 @@ async def relay_stream(
     try:
         while not scanner.done:
             try:
-                async with asyncio.timeout(idle):
-                    data = await reads.__anext__()
+                data = await reads.__anext__()  # TimeoutError after `idle` without a byte
             except StopAsyncIteration:
                 break
             out = scanner.feed(data)
             if out:
                 held.append(out)
                 held_size += len(out)
-                if held_size < HOLD_BYTES and _next_is_here(network, h11):
+                if held_size < HOLD_BYTES and response.pending():
                     continue  # one send for every event of one read, not one per event
                 if outcome.ttft is None:
                     outcome.ttft = time.monotonic() - prep.started
@@ -610,7 +590,7 @@ async def relay_stream(
     except TimeoutError:
         outcome.error = "the upstream stalled"
         tail = error_event("The upstream stopped sending (timed out).", "upstream_timeout")
-    except httpx.HTTPError as exc:
+    except UpstreamError as exc:
         outcome.error = f"the connection to the upstream was lost ({type(exc).__name__})"
         tail = error_event("The connection to the upstream was lost.", "upstream_disconnected")
     except (asyncio.CancelledError, GeneratorExit):
@@ -628,39 +608,6 @@ async def relay_stream(
 
 
 HOLD_BYTES = 64 * 1024
-
-
-def _h11_of(response: httpx.Response) -> Any:
-    """The h11 connection under an httpx response on httpcore's HTTP/1.1 (else None)."""
-    obj: Any = response.stream
-    if not hasattr(obj, "_httpcore_stream"):  # the client's wrapper (a proxy: see _send)
-        obj = getattr(obj, "_stream", None)
-    for name in ("_httpcore_stream", "_stream", "_connection", "_h11_state"):
-        obj = getattr(obj, name, None)
-        if obj is None:
-            return None
-    return obj if hasattr(obj, "trailing_data") else None
-
-
-def _next_is_here(network: Any, h11: Any) -> bool:
-    """Would the next body read return at once: a whole chunk parsed and waiting in h11,
-    or bytes received and not read yet? Only then is output held back (never to wait)."""
-    if h11 is None:
-        return False
-    buffered = getattr(network, "buffered", None)
-    if buffered is not None and buffered():
-        return True
-    pending, _closed = h11.trailing_data
-    if pending.startswith(b"\r\n"):  # the end of the chunk just read (h11 drops it next)
-        pending = pending[2:]
-    end = pending.find(b"\r\n")
-    if end < 0:
-        return False
-    try:
-        size = int(pending[:end].split(b";")[0], 16)
-    except ValueError:
-        return False
-    return len(pending) >= end + 2 + size + 2
 
 
 def _stream_outcome(outcome: Outcome, scanner: StreamScanner, prep: Prepared) -> None:
@@ -695,7 +642,7 @@ def background(coro: Any) -> None:
 
 
 async def _close_and_finish(
-    response: httpx.Response, prep: Prepared, outcome: Outcome, done: asyncio.Future[None] | None
+    response: Response, prep: Prepared, outcome: Outcome, done: asyncio.Future[None] | None
 ) -> None:
     try:
         await response.aclose()
@@ -711,7 +658,7 @@ async def _close_and_finish(
 # --- non-streaming ----------------------------------------------------------------------------
 
 
-async def relay_once(prep: Prepared, response: httpx.Response, outcome: Outcome) -> bytes:
+async def relay_once(prep: Prepared, response: Response, outcome: Outcome) -> bytes:
     try:
         async with asyncio.timeout(settings.LYCEUM_RELAY_TIMEOUT):
             raw = await response.aread()
@@ -719,7 +666,7 @@ async def relay_once(prep: Prepared, response: httpx.Response, outcome: Outcome)
         raise RelayError(
             504, "The upstream did not finish in time.", "api_error", "upstream_timeout"
         ) from None
-    except httpx.HTTPError:
+    except UpstreamError:
         raise RelayError(
             502, "The connection to the upstream was lost.", "api_error", "upstream_disconnected"
         ) from None
@@ -849,20 +796,48 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     """:func:`prepare` in the event loop when everything it reads is in memory and the
     limits are in Redis; what is missing is loaded once on the database thread (however
     many requests miss it together) and the request tried again. The limits in the
-    database, or a budget to seed: the whole of it on the database thread."""
+    database, or a budget to seed: the whole of it on the database thread.
+
+    In the event loop the admission script is sent to Redis, the upstream connected
+    meanwhile (unless a kept connection waits), and then Redis's answer read: the two
+    round trips overlap."""
     from channels.db import database_sync_to_async
 
     for _ in range(6):  # agent, models, pool, limits: each filled at most once
         try:
             with ttlcache.offline():
-                return prepare(api_key, dict(data))  # prepare pops the relay's own fields
+                prep = prepare(api_key, dict(data), admit=False)  # pops the relay's fields
         except ttlcache.Miss as miss:
             if miss.load is None:
                 break
             # Everything prepare reads, loaded in one trip (entries expire together).
             warm = functools.partial(_warm, api_key, data, miss)
             await ttlcache.fill(("warm", miss.key), warm, keep=False)
+            continue
+        pending = limits.admit_later(prep.policies, prep.cost)
+        if pending is None:
+            break
+        try:
+            await client().warm(f"{prep.upstream.base_url}/chat/completions")
+        except BaseException:  # cancelled: Redis's answer is read, what it took given back
+            admission = _answer(pending, prep)
+            if admission is not None:
+                admitted(prep, admission)
+                finish(prep, Outcome(status="cancelled", error="the client disconnected"))
+            raise
+        admission = _answer(pending, prep)
+        if admission is None:
+            break  # a budget to seed from the records: the database thread's work
+        admitted(prep, admission)
+        return prep
     return await database_sync_to_async(prepare)(api_key, data)
+
+
+def _answer(pending: limits.Pending, prep: Prepared) -> limits.Admission | None:
+    try:
+        return pending.result()
+    except limits.Refused as exc:
+        raise _refused(prep, exc) from None
 
 
 def list_models() -> list[dict[str, Any]]:

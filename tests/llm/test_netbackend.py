@@ -187,6 +187,28 @@ async def test_paced_reads_take_what_arrived_in_between_in_one_read(client):
     assert min(gaps) >= 0.09
 
 
+async def test_paced_reads_take_the_bytes_without_watching_the_socket_again(client):
+    async with serve(trickle_handler) as server, client.stream("GET", server.url()) as streamed:
+        network = streamed.extensions["network_stream"]
+        network.pace_reads(0.1)
+        transport = network._transport
+        resumed = []
+        real_resume = transport.resume_reading
+
+        def counted_resume() -> None:
+            resumed.append(1)
+            real_resume()
+
+        transport.resume_reading = counted_resume
+        body = b"".join([part async for part in streamed.aiter_raw()])
+        network.pace_reads(0.0)
+
+    assert body == b"".join(f"token {i:02d};".encode() for i in range(30))
+    # Each paced read found bytes in the kernel and took them with one recv; reading was
+    # resumed only where nothing had come yet (the end of the body, say), not per read.
+    assert len(resumed) <= 2
+
+
 async def test_pacing_off_reads_as_data_arrives_and_the_connection_is_reused(client):
     async with serve(trickle_handler) as server:
         async with client.stream("GET", server.url()) as streamed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -140,3 +141,86 @@ def test_chat_runs_count_against_the_same_budget(alice, settings):
     with pytest.raises(actions.ActionError) as caught:
         actions.send_message(alice, chat.pk, "one more", "client-1")
     assert caught.value.code == "over_budget"
+
+
+def _pending_many(policies, cost: int, count: int = 50) -> list[limits.Admission | None]:
+    def one(_: int) -> limits.Admission | None:
+        pending = limits.admit_later(policies, cost)
+        assert pending is not None
+        try:
+            return pending.result()
+        except limits.Refused:
+            return None
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(one, range(count)))
+
+
+@pytest.mark.django_db
+def test_an_admission_answered_later_holds_a_budget_of_ten(redis_limits, alice):
+    policies = [limits.Policy(f"user:{alice.pk}", 6000, 1000, 10 * 7)]
+    pending = limits.admit_later(policies, 7)
+    assert pending is not None and pending.result() is None  # no budget in Redis: seed first
+    limits.admit(policies, 7)  # the usual way seeds it (and takes one)
+    admitted = [a for a in _pending_many(policies, 7) if a is not None]
+    assert len(admitted) == 9
+    import redis
+
+    client = redis.Redis.from_url(redis_limits.REDIS_URL)
+    key = f"{redis_limits.LYCEUM_REDIS_PREFIX}:relay:budget:user:{alice.pk}:{limits.period_of()}"
+    assert client.hgetall(key) == {b"used": b"0", b"held": b"70"}
+
+
+@pytest.mark.django_db
+def test_an_admission_answered_later_survives_a_script_flush(redis_limits, alice):
+    import redis
+
+    policies = [limits.Policy(f"user:{alice.pk}", 1, 2, 0)]
+    redis.Redis.from_url(redis_limits.REDIS_URL).script_flush()
+    results = []
+    for _ in range(3):
+        pending = limits.admit_later(policies, 0)
+        assert pending is not None
+        try:
+            results.append(pending.result())
+        except limits.Refused as exc:
+            results.append(exc.reason)
+    assert isinstance(results[0], limits.Admission) and isinstance(results[1], limits.Admission)
+    assert results[2] == "rate_limit"
+    assert limits._redis().ping()  # the connection is still in step with its answers
+
+
+@pytest.fixture
+def relay_with_redis(relay_settings):
+    """The relay's limits in Redis (set before the live server forks)."""
+    import redis
+
+    relay_settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    relay_settings.LYCEUM_REDIS_PREFIX = f"test-relay-{uuid.uuid4().hex[:8]}"
+    yield relay_settings
+    client = redis.Redis.from_url(relay_settings.REDIS_URL)
+    for key in client.scan_iter(f"{relay_settings.LYCEUM_REDIS_PREFIX}:*"):
+        client.delete(key)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fifty_parallel_clients_against_a_budget_of_ten_with_redis(relay_with_redis, relay):
+    import redis
+
+    RelayLimit.objects.create(user=relay.user, monthly_tokens=10 * COST)
+    relay.upstream.default = Script(tokens=["x"] * 4, prompt_tokens=COST - 4, headers_delay=0.2)
+    responses = _fire(relay)
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 10 and statuses.count(429) == 40
+    records = wait_for_records(50)
+    ok = [r for r in records if r.status == "ok"]
+    assert len(records) == 50
+    assert len(ok) == 10 and sum(r.total_tokens for r in ok) == 10 * COST
+    assert len(relay.upstream.chat_requests()) == 10
+    client = redis.Redis.from_url(relay_with_redis.REDIS_URL)
+    prefix = relay_with_redis.LYCEUM_REDIS_PREFIX
+    key = f"{prefix}:relay:budget:user:{relay.user.pk}:{limits.period_of()}"
+    deadline = time.monotonic() + 5
+    while client.hget(key, "held") != b"0" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.hgetall(key) == {b"used": str(10 * COST).encode(), b"held": b"0"}

@@ -27,3 +27,12 @@ def test_an_accepted_connection_has_nagle_off():
         client.close()
         conn.close()
         listener.close()
+
+
+def test_daphne_requests_leave_post_forms_to_the_app():
+    from daphne.http_protocol import WebRequest
+
+    import chatsite.asgi  # noqa: F401 - installs chatsite.postforms
+
+    request = WebRequest(mock.Mock(), queued=False)
+    assert request._parsePOSTFormSubmission is False  # Twisted's form parse is skipped

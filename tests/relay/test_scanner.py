@@ -65,20 +65,3 @@ def test_errors_in_the_stream_are_noted():
     other = StreamScanner(capture_text=False)
     other.feed(b'event: error\ndata: {"message": "x"}\n\n')
     assert other.failed
-
-
-def test_output_is_held_only_while_the_next_chunk_is_already_received():
-    from types import SimpleNamespace
-
-    from chat.relay.service import _next_is_here
-
-    def h11(pending: bytes) -> SimpleNamespace:
-        return SimpleNamespace(trailing_data=(pending, False))
-
-    quiet = SimpleNamespace(buffered=lambda: 0)
-    assert _next_is_here(quiet, h11(b"\r\n5\r\ndata:\r\n"))  # a whole chunk waits
-    assert _next_is_here(quiet, h11(b"0\r\n\r\n"))  # the end of the body
-    assert not _next_is_here(quiet, h11(b"\r\n5\r\nda"))  # half a chunk: the read waits
-    assert not _next_is_here(quiet, h11(b""))
-    assert _next_is_here(SimpleNamespace(buffered=lambda: 10), h11(b""))  # bytes unread
-    assert not _next_is_here(quiet, None)  # not h11 (a proxy): one send per event

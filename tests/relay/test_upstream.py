@@ -1,0 +1,258 @@
+"""The relay's HTTP/1.1 client for its upstreams (chat/relay/upstream.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from chat.relay import upstream
+from chat.relay.upstream import Response, UpstreamError
+from tests.llm.test_netbackend import certificate  # noqa: F401, F811 - the fixture
+
+BODY = b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
+
+
+def _chunked(body: bytes, sizes: list[int]) -> bytes:
+    out, pos = [], 0
+    for size in sizes:
+        piece = body[pos : pos + size]
+        pos += size
+        out.append(b"%x;ext=1\r\n" % len(piece) + piece + b"\r\n")
+    return b"".join(out) + b"0\r\nX-Trailer: yes\r\n\r\n"
+
+
+def _response(headers: dict[str, str], rest: bytes = b"") -> Response:
+    network: Any = SimpleNamespace(buffered=lambda: 0)
+    return Response(None, ("http", "x", 80), network, 200, headers, rest, True)  # type: ignore[arg-type]
+
+
+def _decode_split(raw: bytes, headers: dict[str, str], at: int) -> tuple[bytes, Response]:
+    response = _response(headers)
+    out = []
+    for part in (raw[:at], raw[at:]):
+        response._raw += part
+        out.append(response._decode())
+    return b"".join(out), response
+
+
+def test_a_chunked_body_is_decoded_whatever_the_reads_cut():
+    raw = _chunked(BODY, [5, 1, 20, len(BODY)])
+    for at in range(len(raw) + 1):
+        body, response = _decode_split(raw, {"transfer-encoding": "chunked"}, at)
+        assert body == BODY, at
+        assert response.complete and not response._raw
+
+
+def test_a_length_framed_body_stops_at_its_length():
+    body, response = _decode_split(BODY + b"extra", {"content-length": str(len(BODY))}, 7)
+    assert body == BODY and response.complete
+    assert response._raw == b"extra"  # left over: the connection is not given back
+
+
+@pytest.mark.parametrize("raw", [b"zz\r\nabc\r\n", b"3\r\nabcXY", b"-3\r\nabc\r\n"])
+def test_a_malformed_chunked_body_is_an_upstream_error(raw: bytes):
+    response = _response({"transfer-encoding": "chunked"}, raw)
+    with pytest.raises(UpstreamError):
+        response._decode()
+
+
+def test_pending_is_what_the_network_holds_unread():
+    response = _response({"transfer-encoding": "chunked"})
+    assert not response.pending()
+    response.network = SimpleNamespace(buffered=lambda: 10)
+    assert response.pending()
+
+
+async def _server(handler: Any) -> tuple[asyncio.AbstractServer, int, list[int]]:
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], connections
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length")
+    )
+    return await reader.readexactly(length)
+
+
+async def test_a_connection_is_kept_alive_and_reused():
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                body = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + _chunked(body, [3, len(body)])
+            )
+            await writer.drain()
+
+    server, port, connections = await _server(keep_alive)
+    client = upstream.Client(5.0, 30.0)
+    try:
+        for text in (b"first", b"second request"):
+            response = await client.post(f"http://127.0.0.1:{port}/v1/x", text, {"A": "b"})
+            assert response.status_code == 200
+            assert await response.aread() == text
+            await response.aclose()
+        assert len(connections) == 1
+    finally:
+        await client.aclose()
+        server.close()
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.01])  # the close unseen (sent again) or seen
+async def test_a_kept_connection_the_server_closed_is_replaced(pause: float):
+    async def one_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        body = await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()  # then closed, though the answer did not say so
+
+    server, port, connections = await _server(one_each)
+    client = upstream.Client(5.0, 30.0)
+    try:
+        for text in (b"one", b"two", b"three"):
+            response = await client.post(f"http://127.0.0.1:{port}/", text, {})
+            assert await response.aread() == text
+            await response.aclose()
+            await asyncio.sleep(pause)
+        assert len(connections) == 3
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_body_cut_short_is_an_upstream_error():
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab")
+        await writer.drain()
+
+    server, port, _connections = await _server(cut)
+    client = upstream.Client(5.0, 30.0)
+    try:
+        response = await client.post(f"http://127.0.0.1:{port}/", b"x", {})
+        with pytest.raises(UpstreamError):
+            await response.aread()
+        await response.aclose()
+        with pytest.raises(UpstreamError):  # nothing listens there any more
+            server.close()
+            await server.wait_closed()
+            await client.post(f"http://127.0.0.1:{port}/", b"x", {})
+    finally:
+        await client.aclose()
+
+
+async def test_a_warmed_connection_carries_the_next_request():
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            body = await _read_request(reader)
+        except asyncio.IncompleteReadError:
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+
+    server, port, connections = await _server(keep_alive)
+    client = upstream.Client(5.0, 30.0)
+    try:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        await client.warm(url)
+        await client.warm(url)  # one kept already: no second connection
+        response = await client.post(url, b"hello", {})
+        assert await response.aread() == b"hello"
+        await response.aclose()
+        assert len(connections) == 1
+        await client.warm("http://127.0.0.1:1/v1")  # nothing listens: left to the request
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_https_upstreams_are_verified_and_kept_alive(certificate):  # noqa: F811
+    from tests.llm.test_netbackend import server_context, trusting_context
+
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                body = await _read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await keep_alive(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_context(certificate))
+    port = server.sockets[0].getsockname()[1]
+    url = f"https://127.0.0.1:{port}/v1/chat/completions"
+    untrusting = upstream.Client(5.0, 30.0)  # the default context does not know the cert
+    client = upstream.Client(5.0, 30.0)
+    client.pool._ssl = trusting_context(certificate)
+    try:
+        with pytest.raises(UpstreamError):
+            await untrusting.post(url, b"x", {})
+        for text in (b"one", b"two"):
+            response = await client.post(url, text, {})
+            assert await response.aread() == text
+            await response.aclose()
+        assert (
+            len(connections) == 1
+        )  # both over one kept connection (the refused one never got past its handshake)
+    finally:
+        await untrusting.aclose()
+        await client.aclose()
+        server.close()
+
+
+async def test_connections_kept_too_long_are_closed_when_the_pool_is_next_used():
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                body = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+
+    server, port, connections = await _server(keep_alive)
+    client = upstream.Client(5.0, 30.0)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        responses = await asyncio.gather(*(client.post(url, b"x", {}) for _ in range(3)))
+        for response in responses:
+            await response.aread()
+            await response.aclose()
+        idle = next(iter(client.pool._idle.values()))
+        assert len(idle) == 3 and len(connections) == 3
+        old = [stream for stream, _since in idle]
+        idle[0] = (idle[0][0], idle[0][1] - upstream.KEEPALIVE_SECONDS)  # the oldest aged out
+        response = await client.post(url, b"y", {})
+        assert await response.aread() == b"y"
+        await response.aclose()
+        assert old[0]._closed and len(idle) == 2 and len(connections) == 3
+    finally:
+        await client.aclose()
+        server.close()
