@@ -310,8 +310,23 @@ def _record_send(
             quotas.check_new_run(chat.owner_id)
     attached = _attached_versions(chat, attachments or [])
     context_text, images = _with_attachments(chat, text, attached)
+    # A run that no check can hold is made first, so the input is stored with its run
+    # and its seq in one statement (a held chat's run waits for its checks).
+    run = None
+    if live is None and chat.kind not in _send_checks:
+        run = transitions.new_run(chat, thinking=thinking)
+    # The message's seq (and the title's after it) is reserved before the input is
+    # stored: the message names its input, the input its seq.
+    titled = not chat.title
+    count = 2 if titled else 1
+    seq = store.reserve_seqs(chat.pk, store.DISPLAY, count) + 1
     entry = QueuedInput.objects.create(
-        chat=chat, client_id=client_id, content=context_text, images=images
+        chat=chat,
+        client_id=client_id,
+        content=context_text,
+        images=images,
+        display_seq=seq,
+        run=run,
     )
     message = ChatMessage(role="user", content=text, extra={"input_id": entry.pk})
     if edit_of:
@@ -322,16 +337,17 @@ def _record_send(
         message.extra["attachments"] = [
             artifacts.card_payload(v.artifact, v) | {"type": "attachment"} for v in attached
         ]
-    (row,) = store.append_display(chat.pk, [msg_event(message, store.now_ms())])
-    entry.display_seq = row.seq
-    entry.save(update_fields=["display_seq"])
+    payloads = [msg_event(message, store.now_ms())]
+    if titled:
+        title_text = provisional_title(text)
+        ChatSession.objects.filter(pk=chat.pk).update(title=title_text)
+        payloads.append({"type": "title", "title": title_text})
+    rows = store.insert_events(chat.pk, store.DISPLAY, seq - 1, payloads)
+    row = rows[0]
     if attached:
         ArtifactVersion.objects.filter(pk__in=[v.pk for v in attached], seq=None).update(
             seq=row.seq
         )
-    rows = [row]
-    if not chat.title:
-        rows += _set_title(chat, provisional_title(text))
     checked = _send_checks[chat.kind](chat, entry) if chat.kind in _send_checks else None
     if checked is not None and checked.notices:
         notes = [ChatMessage(role="system", content=notice) for notice in checked.notices]
@@ -342,10 +358,12 @@ def _record_send(
         return SendResult(entry.pk, row.seq, None, False, True, str(chat.pk), held=True)
     run_id = None
     if live is None:
-        run = transitions.new_run(chat, thinking=thinking)
+        if run is None:
+            run = transitions.new_run(chat, thinking=thinking)
+            # The message belongs to the run it started, even if the run ends before
+            # taking it.
+            QueuedInput.objects.filter(pk=entry.pk).update(run=run)
         run_id = str(run.pk)
-        # The message belongs to the run it started, even if the run ends before taking it.
-        QueuedInput.objects.filter(pk=entry.pk).update(run=run)
         launch_on_commit(run_id)
     ring(chat.pk, rows)
     return SendResult(entry.pk, row.seq, run_id, False, live is not None, str(chat.pk))

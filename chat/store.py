@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max, Q
+from django.db.models import Max, Q, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone, translation
 
 from chat.core import branches, eventlog
@@ -31,37 +32,55 @@ def now_ms() -> int:
 
 def append_events(chat_id, channel: str, payloads: Iterable[dict[str, Any]]) -> list[ChatEvent]:
     """Append events to one channel with consecutive seqs, atomically."""
-    payloads = list(payloads)
-    if not payloads:
-        return []
+    return append_to_channels(chat_id, {channel: list(payloads)})[channel]
+
+
+def append_to_channels(
+    chat_id, payloads: dict[str, list[dict[str, Any]]]
+) -> dict[str, list[ChatEvent]]:
+    """Append events to each channel given (consecutive seqs per channel), atomically:
+    one counter update for all the channels and one insert for all the rows, so a run's
+    reply and its context cost two statements, not four."""
+    wanted = {channel: rows for channel, rows in payloads.items() if rows}
+    written: dict[str, list[ChatEvent]] = {channel: [] for channel in payloads}
+    if not wanted:
+        return written
     # No savepoint inside a caller's transaction: a failure here fails the whole of it.
     with transaction.atomic(savepoint=False):
-        last = _reserve_seqs(chat_id, _SEQ_FIELD[channel], len(payloads))
-        rows = [
-            ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
-            for i, p in enumerate(payloads, start=1)
-        ]
-        ChatEvent.objects.bulk_create(rows)
-    return rows
+        lasts = _reserve_seqs(
+            chat_id, {_SEQ_FIELD[channel]: len(rows) for channel, rows in wanted.items()}
+        )
+        for channel, rows in wanted.items():
+            last = lasts[_SEQ_FIELD[channel]]
+            written[channel] = [
+                ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
+                for i, p in enumerate(rows, start=1)
+            ]
+        ChatEvent.objects.bulk_create([row for rows in written.values() for row in rows])
+    return written
 
 
-def _reserve_seqs(chat_id, field: str, count: int) -> int:
-    """Move the chat's counter on by ``count``, holding its row lock; the seq before.
+def _reserve_seqs(chat_id, counts: dict[str, int]) -> dict[str, int]:
+    """Move the chat's counters on (field -> count), holding its row lock; each the seq
+    before.
 
     One statement (UPDATE … RETURNING, PostgreSQL and SQLite alike) where reading the
-    counter under the lock and writing it back took two: a run writes its events
+    counters under the lock and writing them back took two: a run writes its events
     several times a reply, all through the process's one database thread.
     """
     opts = ChatSession._meta
     quote = connection.ops.quote_name
-    column = quote(opts.get_field(field).column)
+    fields = list(counts)
+    columns = [quote(opts.get_field(field).column) for field in fields]
     updated = opts.get_field("updated_at")
+    moves = ", ".join(f"{column} = {column} + %s" for column in columns)
     sql = (
-        f"UPDATE {quote(opts.db_table)} SET {column} = {column} + %s, "
-        f"{quote(updated.column)} = %s WHERE {quote(opts.pk.column)} = %s RETURNING {column}"
+        f"UPDATE {quote(opts.db_table)} SET {moves}, "
+        f"{quote(updated.column)} = %s WHERE {quote(opts.pk.column)} = %s "
+        f"RETURNING {', '.join(columns)}"
     )
     params = [
-        count,
+        *(counts[field] for field in fields),
         updated.get_db_prep_value(timezone.now(), connection),
         opts.pk.get_db_prep_value(chat_id, connection),
     ]
@@ -70,7 +89,25 @@ def _reserve_seqs(chat_id, field: str, count: int) -> int:
         row = cursor.fetchone()
     if row is None:
         raise ChatSession.DoesNotExist(f"no chat {chat_id}")
-    return row[0] - count
+    return {field: value - counts[field] for field, value in zip(fields, row, strict=True)}
+
+
+def reserve_seqs(chat_id, channel: str, count: int) -> int:
+    """Reserve ``count`` seqs of ``channel`` (inside a transaction); the seq before them.
+    The caller writes them with :func:`insert_events` in the same transaction."""
+    return _reserve_seqs(chat_id, {_SEQ_FIELD[channel]: count})[_SEQ_FIELD[channel]]
+
+
+def insert_events(
+    chat_id, channel: str, last: int, payloads: list[dict[str, Any]]
+) -> list[ChatEvent]:
+    """Write events at the seqs after ``last`` reserved by :func:`reserve_seqs`."""
+    rows = [
+        ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
+        for i, p in enumerate(payloads, start=1)
+    ]
+    ChatEvent.objects.bulk_create(rows)
+    return rows
 
 
 def append_display(chat_id, payloads: Iterable[dict[str, Any]]) -> list[ChatEvent]:
@@ -84,13 +121,19 @@ def append_display_messages(chat_id, messages: Iterable[ChatMessage]) -> list[Ch
 
 def persist_context(chat_id, context: list[ChatMessage], persisted: int) -> int:
     """Write ``context[persisted:cut]`` where ``cut`` is the safe cut; returns the new count."""
-    cut = eventlog.safe_cut(context, persisted)
-    if cut > persisted:
-        stamp = now_ms()
-        append_events(
-            chat_id, SESSION, [eventlog.msg_event(m, stamp) for m in context[persisted:cut]]
-        )
+    cut, payloads = context_due(context, persisted)
+    append_events(chat_id, SESSION, payloads)
     return cut
+
+
+def context_due(context: list[ChatMessage], persisted: int) -> tuple[int, list[dict[str, Any]]]:
+    """The safe cut of ``context`` and the session events that write it from ``persisted``
+    (for :func:`append_to_channels` with other events; :func:`persist_context` alone)."""
+    cut = eventlog.safe_cut(context, persisted)
+    if cut <= persisted:
+        return cut, []
+    stamp = now_ms()
+    return cut, [eventlog.msg_event(m, stamp) for m in context[persisted:cut]]
 
 
 def restore_context(chat_id, messages: list[ChatMessage]) -> None:
@@ -99,13 +142,20 @@ def restore_context(chat_id, messages: list[ChatMessage]) -> None:
 
 
 def _events_from_last_reset(chat_id, channel: str):
-    """Events from the newest ``clear``/``restore`` on: replay never needs anything older."""
+    """Events from the newest ``clear``/``restore`` on: replay never needs anything older.
+
+    One statement: the newest reset is found in a subquery (a run's start reads its
+    context through the process's one database thread).
+    """
     events = ChatEvent.objects.filter(chat_id=chat_id, channel=channel)
-    reset_seq = events.filter(kind__in=[eventlog.CLEAR, eventlog.RESTORE]).aggregate(
-        seq=Max("seq")
-    )["seq"]
-    if reset_seq is not None:
-        events = events.filter(seq__gte=reset_seq)
+    reset_seq = (
+        ChatEvent.objects.filter(
+            chat_id=chat_id, channel=channel, kind__in=[eventlog.CLEAR, eventlog.RESTORE]
+        )
+        .order_by("-seq")
+        .values("seq")[:1]
+    )
+    events = events.filter(seq__gte=Coalesce(Subquery(reset_seq), Value(0)))
     return events.order_by("seq").values_list("payload", flat=True)
 
 

@@ -315,7 +315,7 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         max_rounds=setup.max_rounds,
         setup=setup,
         resume=resume_state,
-        queued=None if resume else take_queued_inputs(chat.pk, run),
+        queued=None if resume else take_queued_inputs(chat.pk, run, locked=True),
     )
 
 
