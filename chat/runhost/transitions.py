@@ -25,6 +25,7 @@ from chat import store
 from chat.agent import events as ev
 from chat.agent.loop import Decision
 from chat.catalog import default_model
+from chat.core import eventlog
 from chat.core.eventlog import MSG
 from chat.core.messages import ChatMessage
 from chat.core.tokens import estimate_text_tokens
@@ -307,9 +308,15 @@ def finish_run(
             closing += _close_open_calls(run, call_status)
         for partial in partials:
             host.push_partial(partial)
-        rows = store.append_display_messages(run.chat_id, host.take_new_display())
-        store.persist_context(run.chat_id, host.channels.context, host.persisted)
-        rows += store.append_display(run.chat_id, [*closing, stamp(event, run)])
+        stamp_ms = store.now_ms()
+        messages = [eventlog.msg_event(m, stamp_ms) for m in host.take_new_display()]
+        _cut, context = store.context_due(host.channels.context, host.persisted)
+        # One counter update and one insert for the messages, the end and the context.
+        written = store.append_to_channels(
+            run.chat_id,
+            {store.DISPLAY: [*messages, *closing, stamp(event, run)], store.SESSION: context},
+        )
+        rows = written[store.DISPLAY]
         ring(run.chat_id, rows)
         setup.run_finished(run, status)
     return True
