@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Max, Q, Subquery, Value
-from django.db.models.functions import Coalesce
+from django.db.models import Max, Q
 from django.utils import timezone, translation
 
 from chat.core import branches, eventlog
@@ -141,22 +140,30 @@ def restore_context(chat_id, messages: list[ChatMessage]) -> None:
     append_events(chat_id, SESSION, [eventlog.restore_event(messages)])
 
 
-def _events_from_last_reset(chat_id, channel: str):
+def _events_from_last_reset(chat_id, channel: str) -> list[dict[str, Any]]:
     """Events from the newest ``clear``/``restore`` on: replay never needs anything older.
 
-    One statement: the newest reset is found in a subquery (a run's start reads its
-    context through the process's one database thread).
+    One fixed statement, written out (the newest reset in a subquery): every run start
+    reads its context on the process's one database thread, where building the same
+    query with the ORM cost more than running it.
     """
-    events = ChatEvent.objects.filter(chat_id=chat_id, channel=channel)
-    reset_seq = (
-        ChatEvent.objects.filter(
-            chat_id=chat_id, channel=channel, kind__in=[eventlog.CLEAR, eventlog.RESTORE]
-        )
-        .order_by("-seq")
-        .values("seq")[:1]
+    opts = ChatEvent._meta
+    quote = connection.ops.quote_name
+    column = {name: quote(opts.get_field(name).column) for name in ("chat", "channel", "seq")}
+    kind, payload = quote(opts.get_field("kind").column), opts.get_field("payload")
+    table = quote(opts.db_table)
+    where = f"{column['chat']} = %s AND {column['channel']} = %s"
+    sql = (
+        f"SELECT {quote(payload.column)} FROM {table} WHERE {where} AND {column['seq']} >= "
+        f"COALESCE((SELECT {column['seq']} FROM {table} WHERE {where} AND {kind} IN (%s, %s) "
+        f"ORDER BY {column['seq']} DESC LIMIT 1), 0) ORDER BY {column['seq']}"
     )
-    events = events.filter(seq__gte=Coalesce(Subquery(reset_seq), Value(0)))
-    return events.order_by("seq").values_list("payload", flat=True)
+    chat = opts.get_field("chat").get_db_prep_value(chat_id, connection)
+    params = [chat, channel, chat, channel, eventlog.CLEAR, eventlog.RESTORE]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [payload.from_db_value(value, None, connection) for (value,) in rows]
 
 
 def load_context(chat_id) -> list[ChatMessage]:
