@@ -289,13 +289,27 @@ def open_tool_calls(chat_id, run_id: str) -> list[tuple[str, str]]:
 
 
 def branch_shape(chat_id) -> branches.Structure:
-    """The chat's branches, from its fork and switch events (none for most chats)."""
-    rows = (
-        ChatEvent.objects.filter(chat_id=chat_id)
-        .extra(where=[_BRANCH_KINDS_SQL])  # noqa: S610 - constant SQL, no input in it
-        .values_list("seq", "kind", "payload")
+    """The chat's branches, from its fork and switch events (none for most chats).
+
+    A fixed statement, written out: it is read for every page, every resync and every
+    doorbell with a message in it (on the database thread), and building it with the
+    ORM cost more than running it.
+    """
+    opts = ChatEvent._meta
+    quote = connection.ops.quote_name
+    payload = opts.get_field("payload")
+    columns = ", ".join(quote(opts.get_field(name).column) for name in ("seq", "kind", "payload"))
+    sql = (
+        f"SELECT {columns} FROM {quote(opts.db_table)} "
+        f"WHERE {quote(opts.get_field('chat').column)} = %s AND {_BRANCH_KINDS_SQL}"
     )
-    return branches.structure(rows)
+    chat = opts.get_field("chat").get_db_prep_value(chat_id, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [chat])
+        rows = cursor.fetchall()
+    return branches.structure(
+        (seq, kind, payload.from_db_value(value, None, connection)) for seq, kind, value in rows
+    )
 
 
 # Read on every page and every resync, and most chats never branch: the partial index
