@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -67,6 +67,27 @@ def stale_after() -> timedelta:
 def live_run(chat: ChatSession, *, lock: bool = False) -> Run | None:
     runs = Run.objects.select_for_update() if lock else Run.objects
     return runs.filter(chat=chat, status__in=LIVE).first()
+
+
+def has_live_run(chat: ChatSession, *, lock: bool = False) -> bool:
+    """Whether ``chat`` has a live run (``lock``: its row locked, as :func:`live_run`).
+
+    A fixed statement, written out: every send asks it on the database thread, and
+    building it with the ORM cost more than running it.
+    """
+    opts = Run._meta
+    quote = connection.ops.quote_name
+    status = quote(str(opts.get_field("status").column))
+    sql = (
+        f"SELECT 1 FROM {quote(opts.db_table)} WHERE {quote(opts.get_field('chat').column)} = %s"
+        f" AND {status} IN ({', '.join(['%s'] * len(LIVE))}) LIMIT 1"
+    )
+    if lock and connection.features.has_select_for_update:
+        sql += " FOR UPDATE"
+    chat_id = opts.get_field("chat").get_db_prep_value(chat.pk, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [chat_id, *(str(s) for s in LIVE)])
+        return cursor.fetchone() is not None
 
 
 def new_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY, thinking: bool = True) -> Run:
