@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
@@ -287,10 +287,22 @@ def start_chat_and_send(
 
 
 def _sent_before(chat: ChatSession, client_id: str) -> SendResult | None:
-    existing = QueuedInput.objects.filter(chat=chat, client_id=client_id).first()
+    # A written-out statement: every send asks it on the database thread, and building
+    # it with the ORM cost more than running it. (chat, client_id) is unique.
+    opts = QueuedInput._meta
+    quote = connection.ops.quote_name
+    sql = (
+        f"SELECT {quote(str(opts.pk.column))}, {quote(str(opts.get_field('display_seq').column))} "
+        f"FROM {quote(opts.db_table)} WHERE {quote(opts.get_field('chat').column)} = %s "
+        f"AND {quote(str(opts.get_field('client_id').column))} = %s"
+    )
+    chat_id = opts.get_field("chat").get_db_prep_value(chat.pk, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [chat_id, client_id])
+        existing = cursor.fetchone()
     if existing is None:
         return None
-    return SendResult(existing.pk, existing.display_seq or 0, None, True, False, str(chat.pk))
+    return SendResult(existing[0], existing[1] or 0, None, True, False, str(chat.pk))
 
 
 def _record_send(
@@ -303,15 +315,30 @@ def _record_send(
     attachments: list[str] | None = None,
 ) -> SendResult:
     _check_budget(chat)
-    live = transitions.live_run(chat, lock=True)
+    live = transitions.has_live_run(chat, lock=True)
     with _within_limits():
         quotas.take_message(user)
-        if live is None:
+        if not live:
             quotas.check_new_run(chat.owner_id)
     attached = _attached_versions(chat, attachments or [])
     context_text, images = _with_attachments(chat, text, attached)
+    # A run that no check can hold is made first, so the input is stored with its run
+    # and its seq in one statement (a held chat's run waits for its checks).
+    run = None
+    if not live and chat.kind not in _send_checks:
+        run = transitions.new_run(chat, thinking=thinking)
+    # The message's seq (and the title's after it) is reserved before the input is
+    # stored: the message names its input, the input its seq.
+    titled = not chat.title
+    count = 2 if titled else 1
+    seq = store.reserve_seqs(chat.pk, store.DISPLAY, count) + 1
     entry = QueuedInput.objects.create(
-        chat=chat, client_id=client_id, content=context_text, images=images
+        chat=chat,
+        client_id=client_id,
+        content=context_text,
+        images=images,
+        display_seq=seq,
+        run=run,
     )
     message = ChatMessage(role="user", content=text, extra={"input_id": entry.pk})
     if edit_of:
@@ -322,16 +349,17 @@ def _record_send(
         message.extra["attachments"] = [
             artifacts.card_payload(v.artifact, v) | {"type": "attachment"} for v in attached
         ]
-    (row,) = store.append_display(chat.pk, [msg_event(message, store.now_ms())])
-    entry.display_seq = row.seq
-    entry.save(update_fields=["display_seq"])
+    payloads = [msg_event(message, store.now_ms())]
+    if titled:
+        title_text = provisional_title(text)
+        ChatSession.objects.filter(pk=chat.pk).update(title=title_text)
+        payloads.append({"type": "title", "title": title_text})
+    rows = store.insert_events(chat.pk, store.DISPLAY, seq - 1, payloads)
+    row = rows[0]
     if attached:
         ArtifactVersion.objects.filter(pk__in=[v.pk for v in attached], seq=None).update(
             seq=row.seq
         )
-    rows = [row]
-    if not chat.title:
-        rows += _set_title(chat, provisional_title(text))
     checked = _send_checks[chat.kind](chat, entry) if chat.kind in _send_checks else None
     if checked is not None and checked.notices:
         notes = [ChatMessage(role="system", content=notice) for notice in checked.notices]
@@ -341,14 +369,16 @@ def _record_send(
         ring(chat.pk, rows)
         return SendResult(entry.pk, row.seq, None, False, True, str(chat.pk), held=True)
     run_id = None
-    if live is None:
-        run = transitions.new_run(chat, thinking=thinking)
+    if not live:
+        if run is None:
+            run = transitions.new_run(chat, thinking=thinking)
+            # The message belongs to the run it started, even if the run ends before
+            # taking it.
+            QueuedInput.objects.filter(pk=entry.pk).update(run=run)
         run_id = str(run.pk)
-        # The message belongs to the run it started, even if the run ends before taking it.
-        QueuedInput.objects.filter(pk=entry.pk).update(run=run)
         launch_on_commit(run_id)
     ring(chat.pk, rows)
-    return SendResult(entry.pk, row.seq, run_id, False, live is not None, str(chat.pk))
+    return SendResult(entry.pk, row.seq, run_id, False, live, str(chat.pk))
 
 
 # --- attachments ---------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ class ChatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from chat import catalog
         from chat.live import sessions
 
         sessions.connect_signals()
+        catalog.connect_signals()

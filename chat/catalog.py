@@ -26,6 +26,7 @@ from chat.llm.demo import DemoProvider
 from chat.llm.openai import OpenAIProvider
 from chat.llm.types import Provider as LLMProvider
 from chat.models import Agent, Provider, ProviderModel
+from chat.relay import ttlcache
 from chat.relay.secrets import decrypt
 
 logger = logging.getLogger(__name__)
@@ -152,7 +153,15 @@ class ResolvedModel:
 
 
 def resolve_model(alias: str) -> ResolvedModel:
-    for choice in available_models():
+    """The model a run uses and its provider.
+
+    The whitelist and the provider's row are kept ``LYCEUM_RELAY_CACHE_SECONDS`` in
+    memory (``chat.relay.ttlcache``, the relay's ``models`` entry): every run start read
+    them (three statements) on the process's one database thread. A change in the admin
+    drops them in this process at once (:func:`forget_providers`), elsewhere within
+    that time.
+    """
+    for choice in ttlcache.cached("models", available_models):
         if choice.alias == alias:
             return ResolvedModel(choice, _provider_for(choice))
     raise UnknownModel(alias)
@@ -164,11 +173,36 @@ def _provider_for(choice: ModelChoice) -> LLMProvider:
     if choice.provider_name == ENV_PROVIDER:
         config = (ENV_PROVIDER, settings.LYCEUM_OPENAI_BASE_URL, settings.LYCEUM_OPENAI_API_KEY)
     else:
-        row = Provider.objects.get(name=choice.provider_name)
-        if row.kind == Provider.Kind.DEMO:
+        name = choice.provider_name
+        stored = ttlcache.cached(("provider", name), lambda: _provider_config(name))
+        if stored is None:
             return _demo(choice.model_id)
-        config = (row.name, row.base_url, decrypt(row.api_key))
+        config = stored
     return _kept_provider(config)
+
+
+def _provider_config(name: str) -> tuple[str, str, str] | None:
+    """A provider row's configuration (None: a demo provider)."""
+    row = Provider.objects.get(name=name)
+    if row.kind == Provider.Kind.DEMO:
+        return None
+    return (row.name, row.base_url, decrypt(row.api_key))
+
+
+def forget_providers(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
+    """Drop what this process keeps of the whitelist and the providers (a row changed)."""
+    ttlcache.forget("models")
+    ttlcache.forget_where(lambda key: isinstance(key, tuple) and key[:1] == ("provider",))
+
+
+def connect_signals() -> None:
+    from django.db.models.signals import post_delete, post_save
+
+    for model in (Provider, ProviderModel):
+        for signal in (post_save, post_delete):
+            signal.connect(
+                forget_providers, sender=model, dispatch_uid=f"lyceum-catalog-{model.__name__}"
+            )
 
 
 # --- provider lifecycle ------------------------------------------------------------------------

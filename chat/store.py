@@ -31,37 +31,55 @@ def now_ms() -> int:
 
 def append_events(chat_id, channel: str, payloads: Iterable[dict[str, Any]]) -> list[ChatEvent]:
     """Append events to one channel with consecutive seqs, atomically."""
-    payloads = list(payloads)
-    if not payloads:
-        return []
+    return append_to_channels(chat_id, {channel: list(payloads)})[channel]
+
+
+def append_to_channels(
+    chat_id, payloads: dict[str, list[dict[str, Any]]]
+) -> dict[str, list[ChatEvent]]:
+    """Append events to each channel given (consecutive seqs per channel), atomically:
+    one counter update for all the channels and one insert for all the rows, so a run's
+    reply and its context cost two statements, not four."""
+    wanted = {channel: rows for channel, rows in payloads.items() if rows}
+    written: dict[str, list[ChatEvent]] = {channel: [] for channel in payloads}
+    if not wanted:
+        return written
     # No savepoint inside a caller's transaction: a failure here fails the whole of it.
     with transaction.atomic(savepoint=False):
-        last = _reserve_seqs(chat_id, _SEQ_FIELD[channel], len(payloads))
-        rows = [
-            ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
-            for i, p in enumerate(payloads, start=1)
-        ]
-        ChatEvent.objects.bulk_create(rows)
-    return rows
+        lasts = _reserve_seqs(
+            chat_id, {_SEQ_FIELD[channel]: len(rows) for channel, rows in wanted.items()}
+        )
+        for channel, rows in wanted.items():
+            last = lasts[_SEQ_FIELD[channel]]
+            written[channel] = [
+                ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
+                for i, p in enumerate(rows, start=1)
+            ]
+        ChatEvent.objects.bulk_create([row for rows in written.values() for row in rows])
+    return written
 
 
-def _reserve_seqs(chat_id, field: str, count: int) -> int:
-    """Move the chat's counter on by ``count``, holding its row lock; the seq before.
+def _reserve_seqs(chat_id, counts: dict[str, int]) -> dict[str, int]:
+    """Move the chat's counters on (field -> count), holding its row lock; each the seq
+    before.
 
     One statement (UPDATE … RETURNING, PostgreSQL and SQLite alike) where reading the
-    counter under the lock and writing it back took two: a run writes its events
+    counters under the lock and writing them back took two: a run writes its events
     several times a reply, all through the process's one database thread.
     """
     opts = ChatSession._meta
     quote = connection.ops.quote_name
-    column = quote(opts.get_field(field).column)
+    fields = list(counts)
+    columns = [quote(opts.get_field(field).column) for field in fields]
     updated = opts.get_field("updated_at")
+    moves = ", ".join(f"{column} = {column} + %s" for column in columns)
     sql = (
-        f"UPDATE {quote(opts.db_table)} SET {column} = {column} + %s, "
-        f"{quote(updated.column)} = %s WHERE {quote(opts.pk.column)} = %s RETURNING {column}"
+        f"UPDATE {quote(opts.db_table)} SET {moves}, "
+        f"{quote(updated.column)} = %s WHERE {quote(opts.pk.column)} = %s "
+        f"RETURNING {', '.join(columns)}"
     )
     params = [
-        count,
+        *(counts[field] for field in fields),
         updated.get_db_prep_value(timezone.now(), connection),
         opts.pk.get_db_prep_value(chat_id, connection),
     ]
@@ -70,7 +88,25 @@ def _reserve_seqs(chat_id, field: str, count: int) -> int:
         row = cursor.fetchone()
     if row is None:
         raise ChatSession.DoesNotExist(f"no chat {chat_id}")
-    return row[0] - count
+    return {field: value - counts[field] for field, value in zip(fields, row, strict=True)}
+
+
+def reserve_seqs(chat_id, channel: str, count: int) -> int:
+    """Reserve ``count`` seqs of ``channel`` (inside a transaction); the seq before them.
+    The caller writes them with :func:`insert_events` in the same transaction."""
+    return _reserve_seqs(chat_id, {_SEQ_FIELD[channel]: count})[_SEQ_FIELD[channel]]
+
+
+def insert_events(
+    chat_id, channel: str, last: int, payloads: list[dict[str, Any]]
+) -> list[ChatEvent]:
+    """Write events at the seqs after ``last`` reserved by :func:`reserve_seqs`."""
+    rows = [
+        ChatEvent(chat_id=chat_id, channel=channel, seq=last + i, kind=p["type"], payload=p)
+        for i, p in enumerate(payloads, start=1)
+    ]
+    ChatEvent.objects.bulk_create(rows)
+    return rows
 
 
 def append_display(chat_id, payloads: Iterable[dict[str, Any]]) -> list[ChatEvent]:
@@ -84,13 +120,19 @@ def append_display_messages(chat_id, messages: Iterable[ChatMessage]) -> list[Ch
 
 def persist_context(chat_id, context: list[ChatMessage], persisted: int) -> int:
     """Write ``context[persisted:cut]`` where ``cut`` is the safe cut; returns the new count."""
-    cut = eventlog.safe_cut(context, persisted)
-    if cut > persisted:
-        stamp = now_ms()
-        append_events(
-            chat_id, SESSION, [eventlog.msg_event(m, stamp) for m in context[persisted:cut]]
-        )
+    cut, payloads = context_due(context, persisted)
+    append_events(chat_id, SESSION, payloads)
     return cut
+
+
+def context_due(context: list[ChatMessage], persisted: int) -> tuple[int, list[dict[str, Any]]]:
+    """The safe cut of ``context`` and the session events that write it from ``persisted``
+    (for :func:`append_to_channels` with other events; :func:`persist_context` alone)."""
+    cut = eventlog.safe_cut(context, persisted)
+    if cut <= persisted:
+        return cut, []
+    stamp = now_ms()
+    return cut, [eventlog.msg_event(m, stamp) for m in context[persisted:cut]]
 
 
 def restore_context(chat_id, messages: list[ChatMessage]) -> None:
@@ -98,15 +140,30 @@ def restore_context(chat_id, messages: list[ChatMessage]) -> None:
     append_events(chat_id, SESSION, [eventlog.restore_event(messages)])
 
 
-def _events_from_last_reset(chat_id, channel: str):
-    """Events from the newest ``clear``/``restore`` on: replay never needs anything older."""
-    events = ChatEvent.objects.filter(chat_id=chat_id, channel=channel)
-    reset_seq = events.filter(kind__in=[eventlog.CLEAR, eventlog.RESTORE]).aggregate(
-        seq=Max("seq")
-    )["seq"]
-    if reset_seq is not None:
-        events = events.filter(seq__gte=reset_seq)
-    return events.order_by("seq").values_list("payload", flat=True)
+def _events_from_last_reset(chat_id, channel: str) -> list[dict[str, Any]]:
+    """Events from the newest ``clear``/``restore`` on: replay never needs anything older.
+
+    One fixed statement, written out (the newest reset in a subquery): every run start
+    reads its context on the process's one database thread, where building the same
+    query with the ORM cost more than running it.
+    """
+    opts = ChatEvent._meta
+    quote = connection.ops.quote_name
+    column = {name: quote(opts.get_field(name).column) for name in ("chat", "channel", "seq")}
+    kind, payload = quote(opts.get_field("kind").column), opts.get_field("payload")
+    table = quote(opts.db_table)
+    where = f"{column['chat']} = %s AND {column['channel']} = %s"
+    sql = (
+        f"SELECT {quote(payload.column)} FROM {table} WHERE {where} AND {column['seq']} >= "
+        f"COALESCE((SELECT {column['seq']} FROM {table} WHERE {where} AND {kind} IN (%s, %s) "
+        f"ORDER BY {column['seq']} DESC LIMIT 1), 0) ORDER BY {column['seq']}"
+    )
+    chat = opts.get_field("chat").get_db_prep_value(chat_id, connection)
+    params = [chat, channel, chat, channel, eventlog.CLEAR, eventlog.RESTORE]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [payload.from_db_value(value, None, connection) for (value,) in rows]
 
 
 def load_context(chat_id) -> list[ChatMessage]:
@@ -232,13 +289,27 @@ def open_tool_calls(chat_id, run_id: str) -> list[tuple[str, str]]:
 
 
 def branch_shape(chat_id) -> branches.Structure:
-    """The chat's branches, from its fork and switch events (none for most chats)."""
-    rows = (
-        ChatEvent.objects.filter(chat_id=chat_id)
-        .extra(where=[_BRANCH_KINDS_SQL])  # noqa: S610 - constant SQL, no input in it
-        .values_list("seq", "kind", "payload")
+    """The chat's branches, from its fork and switch events (none for most chats).
+
+    A fixed statement, written out: it is read for every page, every resync and every
+    doorbell with a message in it (on the database thread), and building it with the
+    ORM cost more than running it.
+    """
+    opts = ChatEvent._meta
+    quote = connection.ops.quote_name
+    payload = opts.get_field("payload")
+    columns = ", ".join(quote(opts.get_field(name).column) for name in ("seq", "kind", "payload"))
+    sql = (
+        f"SELECT {columns} FROM {quote(opts.db_table)} "
+        f"WHERE {quote(opts.get_field('chat').column)} = %s AND {_BRANCH_KINDS_SQL}"
     )
-    return branches.structure(rows)
+    chat = opts.get_field("chat").get_db_prep_value(chat_id, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [chat])
+        rows = cursor.fetchall()
+    return branches.structure(
+        (seq, kind, payload.from_db_value(value, None, connection)) for seq, kind, value in rows
+    )
 
 
 # Read on every page and every resync, and most chats never branch: the partial index

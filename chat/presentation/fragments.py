@@ -167,11 +167,34 @@ def error_notice(message: str) -> str:
 
 
 def title(chat_id: str, text: str) -> str:
-    """The chat's title in the header and in the sidebar list."""
+    """The chat's title in the header and in the sidebar list.
+
+    Rendered once per language with stand-ins for the chat's id and title, which are
+    then put in (escaped as the template escapes them): every chat's first message
+    pushed it, two templates and three URLs, on the database thread.
+    """
+    if not text:
+        return _title_uncached(chat_id, text)
+    shape = _title_shape(get_language())
+    return shape.replace(_TITLE_PK, str(chat_id)).replace(_TITLE_TEXT, escape(text))
+
+
+def _title_uncached(chat_id: str, text: str) -> str:
     chat = SimpleNamespace(pk=chat_id, title=text, display_title=text or gettext("New chat"))
     return _oob("chat/_title.html", chat=chat, can_write=True) + _oob(
         "chat/_chat_link.html", c=chat
     )
+
+
+# Stand-ins no template or URL changes (escape() leaves them as they are) and no chat id
+# or escaped title contains.
+_TITLE_PK = "00000000-0000-4000-8000-00000000f1e1"
+_TITLE_TEXT = "\ue000title\ue000"
+
+
+@lru_cache(maxsize=16)
+def _title_shape(language: str | None) -> str:
+    return _title_uncached(_TITLE_PK, _TITLE_TEXT)
 
 
 def composer_reset(chat_id: str) -> str:

@@ -169,6 +169,16 @@ def cached(key: Hashable, load: Callable[[], T], *, keep: bool = True) -> T:
     return value
 
 
+def forget(key: Hashable) -> None:
+    """Drop ``key`` (what it holds changed in this process): the next read loads it."""
+    _store.pop(key, None)
+
+
+def forget_where(test: Callable[[Hashable], bool]) -> None:
+    for key in [key for key in _store if test(key)]:
+        _store.pop(key, None)
+
+
 def clear() -> None:
     _store.clear()
     _used.clear()

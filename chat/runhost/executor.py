@@ -315,7 +315,7 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         max_rounds=setup.max_rounds,
         setup=setup,
         resume=resume_state,
-        queued=None if resume else take_queued_inputs(chat.pk, run),
+        queued=None if resume else take_queued_inputs(chat.pk, run, locked=True),
     )
 
 
@@ -384,6 +384,7 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
     kept = keeper().keep(run_id, lambda: host.partial)
     watcher = asyncio.create_task(_watch(run_id, body, kept))
     outcome = None
+    next_run: str | None | object = _UNCHECKED  # the run's end starts the next in its trip
     try:
         outcome = await body
     except asyncio.CancelledError:
@@ -393,15 +394,15 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
         # Only the watcher cancels the body; wait for its answer, since it may still be
         # leaving its group (a Redis round trip) when the body's cancellation lands here.
         reason = await _watcher_reason(watcher)
-        await _end(host, loop, "guard" if reason == "guard" else "cancelled")
+        next_run = await _end(host, loop, "guard" if reason == "guard" else "cancelled")
     except ProviderError as exc:
-        await _end(host, loop, "failed", exc.category, exc.message)
+        next_run = await _end(host, loop, "failed", exc.category, exc.message)
     except Exception:
         logger.exception("run %s failed", run_id)
-        await _end(host, loop, "failed", ErrorCategory.INTERNAL)
+        next_run = await _end(host, loop, "failed", ErrorCategory.INTERNAL)
     else:
         if outcome.status == "completed":
-            await _end(host, loop, "completed")
+            next_run = await _end(host, loop, "completed")
             if run.kind == Run.Kind.REPLY:
                 titles.title_soon(prepared.chat.pk, prepared.resolved.provider, choice.model_id)
         else:
@@ -411,7 +412,10 @@ async def execute_run(run_id: str, *, resume: bool = False) -> None:
         host.stop_pushing()
         keeper().release(run_id)
         _hosts.pop(run_id, None)
-    await _start_next(prepared.chat)
+    if next_run is _UNCHECKED:
+        await _start_next(prepared.chat)
+    else:
+        await launch(next_run)  # type: ignore[arg-type]
 
 
 async def _compact_only(loop: AgentLoop) -> LoopOutcome:
@@ -460,7 +464,12 @@ async def _watcher_reason(watcher: asyncio.Task) -> str:
         return "cancel"
 
 
-async def _end(host, loop: AgentLoop, how: str, category=None, message: str = "") -> None:
+_UNCHECKED = object()
+
+
+async def _end(host, loop: AgentLoop, how: str, category=None, message: str = "") -> str | None:
+    """Write the run's end; the next run of its chat, when messages wait for one (started
+    in the same trip to the database thread, launched by the caller)."""
     host.stop_pushing()  # a snapshot due now would land after the reply's end
     await host.write_events()  # what the run announced comes before its end
     text, reasoning = loop.partial_text, loop.partial_reasoning
@@ -487,8 +496,17 @@ async def _end(host, loop: AgentLoop, how: str, category=None, message: str = ""
     partials = []
     if how != "completed":
         partials = partial_message(text, reasoning, str(status), host.run.speakers)
-    await database_sync_to_async(transitions.finish_run)(host, status, event, partials, usage)
+    next_run = await database_sync_to_async(_finish_and_start_next)(
+        host, status, event, partials, usage
+    )
     pushed.forget_soon(host.run.pk)
+    return next_run
+
+
+def _finish_and_start_next(host, status, event, partials, usage) -> str | None:
+    transitions.finish_run(host, status, event, partials, usage)
+    # Messages sent while the run was finishing start the next run (:func:`_start_next`).
+    return transitions.start_run_if_idle(host.run.chat)
 
 
 async def _start_next(chat: ChatSession) -> None:

@@ -148,20 +148,28 @@ class DjangoRunHost:
         self,
         batch: list[tuple[ev.RunEvent, dict[str, Any]]],
         messages: list[ChatMessage] | None = None,
+        *,
+        context: list[dict[str, Any]] | None = None,
+        run_changes: dict[str, Any] | None = None,
     ) -> list:
-        """Append a batch of events, then ``messages`` (inside a transaction), in one
-        append (one seq reservation, one insert); the rows written."""
+        """Append a batch of events, then ``messages`` (inside a transaction), and the
+        ``context`` events on the session channel, in one append (one seq reservation,
+        one insert); the display rows written. The run's row is updated once, with
+        ``run_changes`` and the batch's iteration."""
         payloads = [payload for _event, payload in batch]
         if messages:
             stamp_ms = store.now_ms()
             payloads += [eventlog.msg_event(m, stamp_ms) for m in messages]
-        if not payloads:
-            return []
-        rows = store.append_display(self.chat_id, payloads)
+        written = store.append_to_channels(
+            self.chat_id, {store.DISPLAY: payloads, store.SESSION: context or []}
+        )
+        changes = dict(run_changes or {})
         iterations = [e.iteration for e, _p in batch if isinstance(e, ev.IterationStart)]
         if iterations:
-            Run.objects.filter(pk=self.run.pk).update(iteration=iterations[-1])
-        return rows
+            changes["iteration"] = iterations[-1]
+        if changes:
+            Run.objects.filter(pk=self.run.pk).update(**changes)
+        return written[store.DISPLAY]
 
     def take_new_display(self, *, remember_html: bool = False) -> list[ChatMessage]:
         """Display messages not yet written, stamped with this run and its stream round.
@@ -234,16 +242,19 @@ class DjangoRunHost:
         new_display: list[ChatMessage],
         batch: list[tuple[ev.RunEvent, dict[str, Any]]] | None = None,
     ) -> dict[str, Any] | None:
+        run_changes: dict[str, Any] = {}
+        if any("round" in m.extra for m in new_display):
+            # The streamed reply is now a message: the checkpoint starts over.
+            run_changes.update(partial_text="", partial_reasoning="")
+        cut, context = store.context_due(self.channels.context, self.persisted)
         with transaction.atomic():
-            rows = self._write_event_rows(batch or [], new_display)
+            # The context goes with the display events: one counter update, one insert.
+            rows = self._write_event_rows(
+                batch or [], new_display, context=context, run_changes=run_changes
+            )
             written = rows[len(rows) - len(new_display) :]
             rows += self._keep_code_blocks(new_display, written)
-            self.persisted = store.persist_context(
-                self.chat_id, self.channels.context, self.persisted
-            )
-            if any("round" in m.extra for m in new_display):
-                # The streamed reply is now a message: the checkpoint starts over.
-                Run.objects.filter(pk=self.run.pk).update(partial_text="", partial_reasoning="")
+        self.persisted = cut
         return events_doorbell(self.chat_id, rows) if rows else None
 
     def _keep_code_blocks(self, messages: list[ChatMessage], rows: list) -> list:
@@ -451,10 +462,14 @@ def partial_message(
     ]
 
 
-def take_queued_inputs(chat_id, run: Run) -> list[QueuedText]:
-    """The chat's inputs no run has taken yet, now taken by ``run`` (oldest first)."""
+def take_queued_inputs(chat_id, run: Run, *, locked: bool = False) -> list[QueuedText]:
+    """The chat's inputs no run has taken yet, now taken by ``run`` (oldest first).
+
+    ``locked``: the caller's transaction holds the write lock already (a run's claim),
+    so the inputs are read at once, without a look first.
+    """
     waiting = QueuedInput.objects.filter(chat_id=chat_id, consumed=False)
-    if not waiting.exists():  # the usual case: no write lock for it (SQLite takes one)
+    if not locked and not waiting.exists():  # the usual case: no write lock for it
         return []
     with transaction.atomic(savepoint=False):  # in the claim's transaction: no savepoint
         rows = list(
@@ -462,7 +477,8 @@ def take_queued_inputs(chat_id, run: Run) -> list[QueuedText]:
             .filter(chat_id=chat_id, consumed=False)
             .order_by("pk")
         )
-        QueuedInput.objects.filter(pk__in=[r.pk for r in rows]).update(consumed=True, run=run)
+        if rows:
+            QueuedInput.objects.filter(pk__in=[r.pk for r in rows]).update(consumed=True, run=run)
     return [
         QueuedText(r.content, r.display_seq or 0, artifacts.images_for_model(r.images))
         for r in rows

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
@@ -25,6 +25,7 @@ from chat import store
 from chat.agent import events as ev
 from chat.agent.loop import Decision
 from chat.catalog import default_model
+from chat.core import eventlog
 from chat.core.eventlog import MSG
 from chat.core.messages import ChatMessage
 from chat.core.tokens import estimate_text_tokens
@@ -66,6 +67,27 @@ def stale_after() -> timedelta:
 def live_run(chat: ChatSession, *, lock: bool = False) -> Run | None:
     runs = Run.objects.select_for_update() if lock else Run.objects
     return runs.filter(chat=chat, status__in=LIVE).first()
+
+
+def has_live_run(chat: ChatSession, *, lock: bool = False) -> bool:
+    """Whether ``chat`` has a live run (``lock``: its row locked, as :func:`live_run`).
+
+    A fixed statement, written out: every send asks it on the database thread, and
+    building it with the ORM cost more than running it.
+    """
+    opts = Run._meta
+    quote = connection.ops.quote_name
+    status = quote(str(opts.get_field("status").column))
+    sql = (
+        f"SELECT 1 FROM {quote(opts.db_table)} WHERE {quote(opts.get_field('chat').column)} = %s"
+        f" AND {status} IN ({', '.join(['%s'] * len(LIVE))}) LIMIT 1"
+    )
+    if lock and connection.features.has_select_for_update:
+        sql += " FOR UPDATE"
+    chat_id = opts.get_field("chat").get_db_prep_value(chat.pk, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [chat_id, *(str(s) for s in LIVE)])
+        return cursor.fetchone() is not None
 
 
 def new_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY, thinking: bool = True) -> Run:
@@ -307,9 +329,15 @@ def finish_run(
             closing += _close_open_calls(run, call_status)
         for partial in partials:
             host.push_partial(partial)
-        rows = store.append_display_messages(run.chat_id, host.take_new_display())
-        store.persist_context(run.chat_id, host.channels.context, host.persisted)
-        rows += store.append_display(run.chat_id, [*closing, stamp(event, run)])
+        stamp_ms = store.now_ms()
+        messages = [eventlog.msg_event(m, stamp_ms) for m in host.take_new_display()]
+        _cut, context = store.context_due(host.channels.context, host.persisted)
+        # One counter update and one insert for the messages, the end and the context.
+        written = store.append_to_channels(
+            run.chat_id,
+            {store.DISPLAY: [*messages, *closing, stamp(event, run)], store.SESSION: context},
+        )
+        rows = written[store.DISPLAY]
         ring(run.chat_id, rows)
         setup.run_finished(run, status)
     return True

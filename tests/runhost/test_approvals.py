@@ -297,6 +297,14 @@ async def test_a_message_queued_behind_a_cancelled_waiting_run_gets_its_own_run(
     await adb(assert_nothing_live)()
 
 
+def disable_model(alias: str) -> None:
+    """As the admin does (a save): every process keeps the whitelist for a few seconds
+    (``catalog.resolve_model``), this one forgets it at a save."""
+    row = ProviderModel.objects.get(alias=alias)
+    row.enabled = False
+    row.save()
+
+
 async def test_the_sweeper_starts_runs_for_messages_nothing_else_would_start(
     alice, agent, runtime, fake_model
 ):
@@ -306,7 +314,7 @@ async def test_the_sweeper_starts_runs_for_messages_nothing_else_would_start(
     await adb(actions.cancel_run)(alice, waiting_chat.pk)  # a caller that does not start the next
     # A run that failed before taking its own message must not be retried forever.
     broken_chat = await new_chat(alice, "fake-model")
-    await adb(ProviderModel.objects.filter(alias="fake-model").update)(enabled=False)
+    await adb(disable_model)("fake-model")
     failed = await send(alice, broken_chat, "hello?")
     await settle()
     assert (await adb(run_row)(failed.run_id)).status == Run.Status.FAILED

@@ -97,6 +97,39 @@ async def test_a_chat_whose_model_was_disabled_fails_its_next_run_cleanly(
     await adb(assert_nothing_live)()
 
 
+async def test_a_model_disabled_in_the_admin_is_refused_at_the_next_run_start_at_once(
+    alice, agent, runtime, fake_model
+):
+    """Run starts keep the whitelist and the provider's row in memory for a few seconds
+    (``catalog.resolve_model``); a save in this process drops them at once."""
+    chat = await new_chat(alice, "fake-model")
+    first = await send(alice, chat, "hello")
+    await settle()
+    assert (await adb(run_row)(first.run_id)).status == Run.Status.COMPLETED
+
+    def disable() -> None:
+        row = ProviderModel.objects.get(alias="fake-model")
+        row.enabled = False
+        row.save()
+
+    await adb(disable)()
+    second = await send(alice, chat, "again")
+    await settle()
+    run = await adb(run_row)(second.run_id)
+    assert (run.status, run.error_category) == (Run.Status.FAILED, "bad_request")
+    await adb(check_chat)(chat)
+    await adb(assert_nothing_live)()
+
+
+def test_a_provider_saved_in_the_admin_is_read_again_at_the_next_run_start(agent, fake_model):
+    resolved = catalog.resolve_model("fake-model")
+    provider = Provider.objects.get(name="fake")
+    provider.base_url = provider.base_url.rstrip("/") + "/other/"
+    provider.save()
+    again = catalog.resolve_model("fake-model")
+    assert again.provider is not resolved.provider
+
+
 def test_environment_bootstrap_lists_the_configured_models(settings, fake_openai, transactional_db):
     catalog._env_models.cache_clear()
     settings.LYCEUM_OPENAI_BASE_URL = fake_openai.base_url
