@@ -8,6 +8,8 @@ class ChatConfig(AppConfig):
     def ready(self) -> None:
         from chat import catalog
         from chat.live import sessions
+        from chatsite import requestdb
 
         sessions.connect_signals()
         catalog.connect_signals()
+        requestdb.connect_signals()
