@@ -6,9 +6,8 @@ class ChatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from chat import catalog
+        from chat import catalog, requestdb
         from chat.live import sessions
-        from chatsite import requestdb
 
         sessions.connect_signals()
         catalog.connect_signals()

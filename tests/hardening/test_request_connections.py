@@ -1,5 +1,5 @@
 """An API request's own database connection is closed when the request ends
-(chatsite/requestdb.py). Found by bench/soak.py: under ASGI each request runs its
+(chat/requestdb.py). Found by bench/soak.py: under ASGI each request runs its
 database calls in a thread of its own, and with persistent connections each left a
 connection open; PostgreSQL ran out of them ("too many clients")."""
 
