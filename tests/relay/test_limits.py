@@ -64,8 +64,8 @@ def test_fifty_parallel_clients_against_a_budget_of_ten_requests(relay):
     assert (counter.used_tokens, counter.reserved_tokens) == (10 * COST, 0)
 
 
-@pytest.fixture
-def redis_limits(settings):
+def _limits_in_redis(settings):
+    """The limits in Redis under a prefix of their own, deleted afterwards."""
     import redis
 
     settings.REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -74,6 +74,11 @@ def redis_limits(settings):
     client = redis.Redis.from_url(settings.REDIS_URL)
     for key in client.scan_iter(f"{settings.LYCEUM_REDIS_PREFIX}:*"):
         client.delete(key)
+
+
+@pytest.fixture
+def redis_limits(settings):
+    yield from _limits_in_redis(settings)
 
 
 def _admit_many(policies, cost: int, count: int = 50) -> list[limits.Admission | None]:
@@ -193,14 +198,7 @@ def test_an_admission_answered_later_survives_a_script_flush(redis_limits, alice
 @pytest.fixture
 def relay_with_redis(relay_settings):
     """The relay's limits in Redis (set before the live server forks)."""
-    import redis
-
-    relay_settings.REDIS_URL = "redis://127.0.0.1:6379/0"
-    relay_settings.LYCEUM_REDIS_PREFIX = f"test-relay-{uuid.uuid4().hex[:8]}"
-    yield relay_settings
-    client = redis.Redis.from_url(relay_settings.REDIS_URL)
-    for key in client.scan_iter(f"{relay_settings.LYCEUM_REDIS_PREFIX}:*"):
-        client.delete(key)
+    yield from _limits_in_redis(relay_settings)
 
 
 @pytest.mark.django_db(transaction=True)

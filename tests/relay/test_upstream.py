@@ -66,7 +66,7 @@ def test_pending_is_what_the_network_holds_unread():
     assert response.pending()
 
 
-async def _server(handler: Any) -> tuple[asyncio.AbstractServer, int, list[int]]:
+async def _server(handler: Any, ssl: Any = None) -> tuple[asyncio.AbstractServer, int, list[int]]:
     connections: list[int] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -76,7 +76,7 @@ async def _server(handler: Any) -> tuple[asyncio.AbstractServer, int, list[int]]
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ssl)
     return server, server.sockets[0].getsockname()[1], connections
 
 
@@ -88,6 +88,22 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
         if line.lower().startswith(b"content-length")
     )
     return await reader.readexactly(length)
+
+
+async def _echo_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer one request with its body (length-framed); nothing when the client left."""
+    try:
+        body = await _read_request(reader)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+
+
+async def _echo_kept_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer requests with their bodies on one connection until the client closes it."""
+    while not reader.at_eof():
+        await _echo_once(reader, writer)
 
 
 async def test_a_connection_is_kept_alive_and_reused():
@@ -119,12 +135,8 @@ async def test_a_connection_is_kept_alive_and_reused():
 
 @pytest.mark.parametrize("pause", [0.0, 0.01])  # the close unseen (sent again) or seen
 async def test_a_kept_connection_the_server_closed_is_replaced(pause: float):
-    async def one_each(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        body = await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-        await writer.drain()  # then closed, though the answer did not say so
-
-    server, port, connections = await _server(one_each)
+    # One answer per connection, then closed, though the answer did not say so.
+    server, port, connections = await _server(_echo_once)
     client = upstream.Client(5.0, 30.0)
     try:
         for text in (b"one", b"two", b"three"):
@@ -160,15 +172,7 @@ async def test_a_body_cut_short_is_an_upstream_error():
 
 
 async def test_a_warmed_connection_carries_the_next_request():
-    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            body = await _read_request(reader)
-        except asyncio.IncompleteReadError:
-            return
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-        await writer.drain()
-
-    server, port, connections = await _server(keep_alive)
+    server, port, connections = await _server(_echo_once)
     client = upstream.Client(5.0, 30.0)
     try:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -187,26 +191,7 @@ async def test_a_warmed_connection_carries_the_next_request():
 async def test_https_upstreams_are_verified_and_kept_alive(certificate):  # noqa: F811
     from tests.llm.test_netbackend import server_context, trusting_context
 
-    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                body = await _read_request(reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-            await writer.drain()
-
-    connections: list[int] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(1)
-        try:
-            await keep_alive(reader, writer)
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=server_context(certificate))
-    port = server.sockets[0].getsockname()[1]
+    server, port, connections = await _server(_echo_kept_alive, ssl=server_context(certificate))
     url = f"https://127.0.0.1:{port}/v1/chat/completions"
     untrusting = upstream.Client(5.0, 30.0)  # the default context does not know the cert
     client = upstream.Client(5.0, 30.0)
@@ -228,16 +213,7 @@ async def test_https_upstreams_are_verified_and_kept_alive(certificate):  # noqa
 
 
 async def test_connections_kept_too_long_are_closed_when_the_pool_is_next_used():
-    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            try:
-                body = await _read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-            await writer.drain()
-
-    server, port, connections = await _server(keep_alive)
+    server, port, connections = await _server(_echo_kept_alive)
     client = upstream.Client(5.0, 30.0)
     url = f"http://127.0.0.1:{port}/"
     try:
