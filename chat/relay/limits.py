@@ -384,19 +384,20 @@ return 1
 
 
 @lru_cache(maxsize=2)
-def _redis_for(url: str) -> Any:
+def redis_client(url: str) -> Any:
+    """A synchronous Redis client for ``url``, one per process (limits, recovery)."""
     import redis
 
     return redis.Redis.from_url(url, socket_timeout=5)
 
 
 def _redis() -> Any:
-    return _redis_for(settings.REDIS_URL)
+    return redis_client(settings.REDIS_URL)
 
 
 @lru_cache(maxsize=2)
 def _admit_script(url: str) -> Any:
-    return _redis_for(url).register_script(_ADMIT)
+    return redis_client(url).register_script(_ADMIT)
 
 
 def _prefix() -> str:

@@ -17,10 +17,11 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
+
+from chat.relay.limits import redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def last_pushed(run_id: Any) -> PushedReply | None:
     if not settings.REDIS_URL:
         return None
     try:
-        raw = _client(settings.REDIS_URL).get(pushed_key(run_id))
+        raw = redis_client(settings.REDIS_URL).get(pushed_key(run_id))
     except Exception:  # noqa: BLE001 - Redis down: recover from the checkpoint
         logger.warning("reading the pushed reply of run %s failed", run_id, exc_info=True)
         return None
@@ -91,10 +92,3 @@ def forget_soon(run_id: Any) -> None:
     layer = live_layer()
     if settings.REDIS_URL and hasattr(layer, "forget_soon"):
         layer.forget_soon(pushed_key(run_id))
-
-
-@lru_cache(maxsize=2)
-def _client(url: str) -> Any:
-    import redis
-
-    return redis.Redis.from_url(url, socket_timeout=5)

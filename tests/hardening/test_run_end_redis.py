@@ -54,14 +54,14 @@ def redis_url(settings) -> Iterator[str]:
     url = f"redis://127.0.0.1:{port}/0"
     settings.REDIS_URL = url
     settings.LYCEUM_REDIS_PREFIX = f"runend{port}"
-    limits._redis_for.cache_clear()
+    limits.redis_client.cache_clear()
     try:
         yield url
     finally:
         client.close()
         server.terminate()
         server.wait(10)
-        limits._redis_for.cache_clear()
+        limits.redis_client.cache_clear()
 
 
 def _finish(run: Run) -> bool:
@@ -74,13 +74,13 @@ def _finish(run: Run) -> bool:
 def test_a_run_ending_while_redis_is_down_ends_completed(alice, settings):
     # Nothing listens on this port: every Redis command fails, as during a restart.
     settings.REDIS_URL = f"redis://127.0.0.1:{_free_port()}/0"
-    limits._redis_for.cache_clear()
+    limits.redis_client.cache_clear()
     chat = store.create_chat(alice, title="t", model="demo")
     run = Run.objects.create(chat=chat, model="demo", claimed=True)
     try:
         assert _finish(run)
     finally:
-        limits._redis_for.cache_clear()
+        limits.redis_client.cache_clear()
     run.refresh_from_db()
     assert run.status == Run.Status.COMPLETED
     ends = store.run_events(chat.pk, str(run.pk), {"complete", "cancelled", "error"})
