@@ -1,4 +1,4 @@
-"""The OpenAI-compatible provider over httpx (OpenAI, vLLM, Ollama, llama.cpp, DeepSeek, …).
+"""The OpenAI-compatible provider (OpenAI, vLLM, Ollama, llama.cpp, DeepSeek, …).
 
 This module is the HTTP side: timeouts, retries, errors, the client. What goes over the
 wire (the request payload, the chunk dicts and what they mean) is ``wire.py``; the SSE
@@ -6,12 +6,20 @@ framing is ``sse.py``.
 
 Decisions worth knowing:
 
-* One provider serves many requests: its httpx client (and connection pool) is built on
+* The requests go over ``httpclient.py``'s own HTTP/1.1 client (the relay's too): a read
+  of the network is de-chunked in one pass and handed to the SSE decoder whole, where
+  httpx turned each HTTP chunk (one a token) into an h11 event passed up through four
+  async generators, about half the provider's CPU per streamed token. httpx is kept for
+  what that client does not do: a proxy set in the environment, a client passed in, and
+  ``transport="asyncio"`` (httpx on ``netbackend.AsyncioTransport``) or ``"stock"``
+  (httpx's own transport) when asked for (``bench/bench_stock_paths.py``).
+
+* One provider serves many requests: its connection pool (or httpx client) is built on
   first use and kept; ``aclose()`` closes it, and a later request builds a new one. A
   pool belongs to one event loop: used from another loop, the provider builds a new
-  client and drops the old one (it cannot be closed from the new loop).
+  one and drops the old one (it cannot be closed from the new loop).
 
-* Three separately configurable timeouts: ``connect_timeout`` (httpx), ``first_byte_timeout``
+* Three separately configurable timeouts: ``connect_timeout``, ``first_byte_timeout``
   (request sent → headers and the first body bytes arrived) and ``idle_timeout`` (no bytes
   at all for that long; SSE keep-alive comments count as bytes). The last two use
   ``asyncio.timeout`` around each read, not httpx's read timeout.
@@ -24,16 +32,14 @@ Decisions worth knowing:
 * Error messages are scrubbed of the API key (and of long pieces of it, since providers
   echo masked keys back), and 401/403 bodies are never quoted.
 * The response is held in ``async with`` blocks, so cancelling the consuming task or
-  closing the generator closes the upstream connection at once.
-* The client this provider creates runs httpx on ``netbackend.AsyncioTransport`` (plain
-  asyncio instead of anyio underneath httpcore): one network read per streamed token is
-  the hot path, and httpcore's anyio backend made each read cost about twice what the
-  socket itself costs. When the environment configures a proxy, the stock transport is
-  kept (httpx handles proxies only there); ``transport="stock"`` asks for it anyway
-  (``bench/bench_stock_paths.py`` compares the two).
+  closing the generator closes the upstream connection at once (a response read to its
+  end goes back to the pool instead).
+* With httpx, the client this provider creates runs on ``netbackend.AsyncioTransport``
+  (plain asyncio instead of anyio underneath httpcore), unless the environment configures
+  a proxy: then the stock transport is kept (httpx handles proxies only there).
 * ``read_interval`` paces the network reads of a streamed body (``AsyncioStream.pace_reads``):
   providers send one packet per token, and reading each the moment it landed cost a
-  wake-up and a trip through httpcore, h11 and the SSE decoder per token, while the page
+  wake-up and a trip through the HTTP client and the SSE decoder per token, while the page
   shows new text only once per push interval anyway. Text left in the socket buffer
   until the next read is no later on the page: at 30 tokens/s and a read every 0.1 s,
   one read carries three tokens, for about a third of the cost.
@@ -51,11 +57,13 @@ import re
 import socket
 import ssl
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+import zlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
+from chat.llm import httpclient
 from chat.llm.netbackend import AsyncioTransport, environment_proxy_for
 from chat.llm.retry import (
     RandomSource,
@@ -83,7 +91,9 @@ MAX_ERROR_BODY = 64 * 1024  # enough for any error JSON; more is a misbehaving s
 MAX_JSON_BODY = 32 * 1024 * 1024
 DRAIN_TIMEOUT = 0.25  # after [DONE], how long to wait for the end of the HTTP body
 MAX_DRAIN_BYTES = 64 * 1024
-TRANSPORTS = frozenset({"asyncio", "stock"})  # the client's network layer, see _client()
+# How requests go: "lean" httpclient.py (httpx when a proxy is set), "asyncio" httpx on
+# netbackend.py, "stock" httpx's own transport. See _pool() and _client().
+TRANSPORTS = frozenset({"lean", "asyncio", "stock"})
 
 
 def scrub_secret(text: str, secret: str, min_run: int = 8) -> str:
@@ -136,16 +146,17 @@ _ERRNO_REASONS = {
 
 
 def _transport_error(exc: Exception) -> ProviderError:
-    """httpx failure → category. Never quotes httpx's text: it may carry URLs or headers."""
+    """httpx or httpclient failure → category. Never quotes their text: it may carry URLs
+    or headers. The two name their failures alike, so the messages are the same."""
     kind = type(exc).__name__
     reason = _network_reason(exc)
-    if isinstance(exc, httpx.ConnectTimeout):
+    if isinstance(exc, httpx.ConnectTimeout | httpclient.ConnectTimeout):
         return ProviderError(
             ErrorCategory.UNREACHABLE,
             f"The model provider could not be reached (connection timed out, {kind}).",
             detail="connection timed out",
         )
-    if isinstance(exc, httpx.ConnectError):
+    if isinstance(exc, httpx.ConnectError | httpclient.ConnectError):
         return ProviderError(
             ErrorCategory.UNREACHABLE,
             f"The model provider could not be reached ({reason or kind}).",
@@ -153,7 +164,13 @@ def _transport_error(exc: Exception) -> ProviderError:
         )
     if isinstance(exc, httpx.TimeoutException):
         return ProviderError(ErrorCategory.TIMED_OUT, f"{_msg(ErrorCategory.TIMED_OUT)} ({kind})")
-    if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL | httpx.LocalProtocolError):
+    if isinstance(
+        exc,
+        httpx.UnsupportedProtocol
+        | httpx.InvalidURL
+        | httpx.LocalProtocolError
+        | httpclient.InvalidURL,
+    ):
         return ProviderError(
             ErrorCategory.BAD_REQUEST,
             f"The provider's base URL or settings are not valid ({kind}).",
@@ -192,7 +209,7 @@ class OpenAIProvider:
         user_agent: str = "Lyceum/0.1",
         rng: RandomSource | None = None,
         read_interval: float = 0.0,
-        transport: str = "asyncio",
+        transport: str = "lean",
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, not {transport!r}")
@@ -204,7 +221,7 @@ class OpenAIProvider:
         self.idle_timeout = idle_timeout
         self.complete_timeout = complete_timeout  # a whole non-streamed reply
         self.read_interval = read_interval
-        self.transport = transport  # "asyncio" (netbackend.py) or "stock" (httpx's own)
+        self.transport = transport  # see TRANSPORTS
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
@@ -213,6 +230,12 @@ class OpenAIProvider:
         self._given_client = client
         self._own_client: httpx.AsyncClient | None = None
         self._own_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        self._own_pool: httpclient.Pool | None = None  # the lean client's, for _pool_loop
+        self._pool_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+        # Decided once: requests go over the lean client (else httpx, see _pool()).
+        self._lean = (
+            transport == "lean" and client is None and not environment_proxy_for(self.base_url)
+        )
         # read/write are bounded by our own asyncio deadlines; httpx handles connect.
         self._timeout = httpx.Timeout(
             connect=connect_timeout, read=None, write=None, pool=connect_timeout
@@ -222,11 +245,16 @@ class OpenAIProvider:
         return f"OpenAIProvider(name={self.name!r}, base_url={self.base_url!r})"
 
     async def aclose(self) -> None:
-        """Close the client this provider created (a client passed in is the caller's).
+        """Close the pool or client this provider created (a client passed in is the caller's).
 
-        The provider stays usable: the next request builds a new client. A client built
-        in another event loop cannot be closed from this one; it is only dropped.
+        The provider stays usable: the next request builds a new one. One built in another
+        event loop cannot be closed from this one; it is only dropped.
         """
+        pool, self._own_pool = self._own_pool, None
+        pool_owner = self._pool_loop() if self._pool_loop is not None else None
+        self._pool_loop = None
+        if pool is not None and pool_owner is asyncio.get_running_loop():
+            await pool.aclose()
         client, self._own_client = self._own_client, None
         owner = self._own_loop() if self._own_loop is not None else None
         self._own_loop = None
@@ -303,7 +331,7 @@ class OpenAIProvider:
                         response = await self._open(stack, "POST", "/chat/completions", payload)
                 except TimeoutError:
                     raise self._first_byte_timeout_error() from None
-                network: Any = response.extensions.get("network_stream")
+                network: Any = response.network
                 if self.read_interval > 0 and hasattr(network, "pace_reads"):
                     network.pace_reads(self.read_interval)
                     stack.callback(network.pace_reads, 0.0)  # before it goes back to the pool
@@ -314,19 +342,19 @@ class OpenAIProvider:
                         yield chunk
                     decoder.done = True
                 else:
-                    reads = response.aiter_bytes()
+                    reads = _body(response)
                     with ReadWatch(first_byte_deadline, self.idle_timeout) as watch:
                         while not decoder.done:
                             data = await self._read_some(watch, reads)
                             events = sse.feed(data) if data else sse.close()
-                            for chunk_dict in decoder.decode(events):
+                            for chunk_dict in decoder.decode_each(events):
                                 for chunk in accumulator.add(chunk_dict):
                                     yield chunk
                             if not data:
                                 break
                     if data:
                         await _drain_after_done(reads)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpclient.UpstreamError) as exc:
             raise _transport_error(exc) from None
         # The upstream response is closed before the caller sees the end of the reply.
         yield accumulator.finish(saw_done=decoder.done)
@@ -357,22 +385,39 @@ class OpenAIProvider:
         method: str,
         path: str,
         payload: dict[str, Any] | None,
-    ) -> httpx.Response:
+    ) -> _Response:
         """Send the request; raise a classified error for any non-2xx answer."""
         streaming = bool(payload and payload.get("stream"))
-        try:
-            response = await stack.enter_async_context(
-                self._client().stream(
-                    method,
-                    self.base_url + path,
-                    json=payload,
-                    headers=self._headers(streaming),
-                    timeout=self._timeout,
+        response: _Response
+        if self._lean:
+            headers = self._headers(streaming)
+            headers["Accept-Encoding"] = "identity"  # nothing to decode (httpx asks for gzip)
+            body = None
+            if payload is not None:
+                headers["Content-Type"] = "application/json"
+                body = _json_body(payload)
+            url = self.base_url + path
+            try:
+                response = await self._pool().request(method, url, body, headers)
+            except httpclient.UpstreamError as exc:
+                raise _transport_error(exc) from None
+            stack.push_async_callback(response.aclose)
+        else:
+            try:
+                raw = await stack.enter_async_context(
+                    self._client().stream(
+                        method,
+                        self.base_url + path,
+                        json=payload,
+                        headers=self._headers(streaming),
+                        timeout=self._timeout,
+                    )
                 )
-            )
-        except httpx.InvalidURL as exc:
-            raise _transport_error(exc) from None
-        if response.is_success:
+            except httpx.InvalidURL as exc:
+                raise _transport_error(exc) from None
+            response = _HttpxResponse(raw)
+        status = response.status_code
+        if 200 <= status < 300:
             content_type = response.headers.get("content-type", "").lower()
             if content_type.startswith("text/html"):
                 # Typically a base URL pointing at a web UI instead of its API.
@@ -380,18 +425,17 @@ class OpenAIProvider:
                     ErrorCategory.BAD_REQUEST,
                     "The provider answered with a web page instead of an API reply; "
                     "check the base URL.",
-                    status=response.status_code,
+                    status=status,
                 )
             return response
-        body = await _read_limited(response, MAX_ERROR_BODY)
-        if response.is_redirect:
+        error_body = await _read_limited(response, MAX_ERROR_BODY)
+        if status in (301, 302, 303, 307, 308) and "location" in response.headers:
             raise ProviderError(
                 ErrorCategory.BAD_REQUEST,
-                f"The provider answered with a redirect (HTTP {response.status_code}); "
-                "check the base URL.",
-                status=response.status_code,
+                f"The provider answered with a redirect (HTTP {status}); check the base URL.",
+                status=status,
             )
-        raise classify_http_error(response.status_code, body, response.headers)
+        raise classify_http_error(status, error_body, response.headers)
 
     async def _fetch_json(
         self, method: str, path: str, payload: dict[str, Any] | None, timeout: float
@@ -405,10 +449,10 @@ class OpenAIProvider:
                 ErrorCategory.TIMED_OUT,
                 f"The model provider did not answer within {timeout:g} s.",
             ) from None
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpclient.UpstreamError) as exc:
             raise _transport_error(exc) from None
 
-    async def _read_json(self, response: httpx.Response, deadline: float | None) -> Any:
+    async def _read_json(self, response: _Response, deadline: float | None) -> Any:
         if deadline is not None:
             try:
                 async with asyncio.timeout_at(deadline):
@@ -437,6 +481,16 @@ class OpenAIProvider:
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
+
+    def _pool(self) -> httpclient.Pool:
+        """The lean client's connection pool: built on first use, then kept for every
+        request, for one event loop (as :meth:`_client`)."""
+        loop = asyncio.get_running_loop()
+        owner = self._pool_loop() if self._pool_loop is not None else None
+        if self._own_pool is None or owner is not loop:
+            self._own_pool = httpclient.Pool(self.connect_timeout, _shared_ssl_context())
+            self._pool_loop = weakref.ref(loop)
+        return self._own_pool
 
     def _client(self) -> httpx.AsyncClient:
         """The caller's client, or ours: built on first use, then kept for every request.
@@ -582,7 +636,7 @@ async def _drain_after_done(reads: AsyncIterator[bytes]) -> None:
     server that keeps the stream open after ``[DONE]`` costs at most ``DRAIN_TIMEOUT``.
     """
     drained = 0
-    with contextlib.suppress(TimeoutError, httpx.HTTPError):
+    with contextlib.suppress(TimeoutError, httpx.HTTPError, httpclient.UpstreamError):
         async with asyncio.timeout(DRAIN_TIMEOUT):
             while drained <= MAX_DRAIN_BYTES:
                 data = await anext(reads, b"")
@@ -597,15 +651,83 @@ def _shared_ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def _is_json(response: httpx.Response) -> bool:
+class _Response(Protocol):
+    """An answer as the provider reads it: ``httpclient.Response`` or :class:`_HttpxResponse`."""
+
+    status_code: int
+    network: Any  # the netbackend stream, if any (paced reads)
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...  # looked up by lower-case names
+
+    def aiter_body(self, idle: float | None = None) -> AsyncIterator[bytes]: ...
+
+
+class _HttpxResponse:
+    """An httpx response (held open by the caller's ``async with``) as a :class:`_Response`.
+    Its body is decoded (httpx asks for gzip) and its errors stay httpx's."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status_code = response.status_code
+        self.headers = response.headers
+        self.network: Any = response.extensions.get("network_stream")
+
+    def aiter_body(self, idle: float | None = None) -> AsyncIterator[bytes]:
+        return self._response.aiter_bytes()
+
+
+def _json_body(payload: dict[str, Any]) -> bytes:
+    # As httpx's json=: compact, UTF-8, no NaN.
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _body(response: _Response) -> AsyncIterator[bytes]:
+    """The response's body, decoded when the server compressed it though asked not to."""
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    if isinstance(response, _HttpxResponse) or encoding in ("", "identity"):
+        return response.aiter_body()
+    return _decompressed(response.aiter_body(), encoding)
+
+
+async def _decompressed(pieces: AsyncIterator[bytes], encoding: str) -> AsyncIterator[bytes]:
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise ProviderError(
+            ErrorCategory.MALFORMED_STREAM,
+            f"The model provider's reply was compressed as {encoding[:20]!r}, "
+            "which cannot be read.",
+        )
+    # gzip: its header; deflate: zlib's (the usual) or raw, as httpx tells them apart.
+    decoder = zlib.decompressobj(zlib.MAX_WBITS | 16 if "gzip" in encoding else zlib.MAX_WBITS)
+    first = True
+    async for piece in pieces:
+        try:
+            data = decoder.decompress(piece)
+        except zlib.error:
+            if not (first and encoding == "deflate"):
+                raise ProviderError(
+                    ErrorCategory.MALFORMED_STREAM,
+                    "The model provider's compressed reply could not be read.",
+                ) from None
+            decoder = zlib.decompressobj(-zlib.MAX_WBITS)
+            data = decoder.decompress(piece)
+        first = False
+        if data:
+            yield data
+    rest = decoder.flush()
+    if rest:
+        yield rest
+
+
+def _is_json(response: _Response) -> bool:
     content_type = response.headers.get("content-type", "")
     return bool(re.match(r"\s*application/json", content_type, re.IGNORECASE))
 
 
-async def _read_limited(response: httpx.Response, limit: int) -> bytes:
+async def _read_limited(response: _Response, limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
-    async for part in response.aiter_bytes():
+    async for part in _body(response):
         parts.append(part)
         size += len(part)
         if size >= limit:

@@ -281,6 +281,17 @@ class ChunkDecoder:
                 chunks.append(chunk)
         return chunks
 
+    def decode_each(self, events: Iterable[SSEEvent]) -> Iterator[dict[str, Any]]:
+        """:meth:`decode`, lazily: the chunks before a failing event are yielded before it
+        raises. One network read may carry a few tokens and then an error; the tokens were
+        sent, and the caller must see them (and know the reply had started)."""
+        for event in events:
+            if self.done:
+                return
+            chunk = self._decode_one(event)
+            if chunk is not None:
+                yield chunk
+
     def _decode_one(self, event: SSEEvent) -> dict[str, Any] | None:
         data = event.data.strip()
         if data == DONE_SENTINEL:

@@ -33,14 +33,14 @@ from chat import throttle
 from chat.apikeys import authenticate_api_key, hash_key
 from chat.catalog import ModelChoice, available_models
 from chat.core.tokens import estimate_text_tokens, estimate_tokens
+from chat.llm import httpclient as upstream_http
+from chat.llm.httpclient import Response, UpstreamError
 from chat.llm.openai import scrub_secret
 from chat.llm.retry import error_fields, parse_retry_after, short_detail
 from chat.llm.wire import WireError, messages_from_openai
 from chat.models import Agent, ApiKey, UsageRecord
 from chat.relay import limits, pool, ttlcache
-from chat.relay import upstream as upstream_http
 from chat.relay.ttlcache import cached
-from chat.relay.upstream import Response, UpstreamError
 from chat.relay.writer import Item, writer
 
 logger = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, upstream_http.Cli
 
 
 def client() -> upstream_http.Client:
-    """One upstream client (and connection pool) per event loop (``upstream.py``)."""
+    """One upstream client (and connection pool) per event loop (``chat/llm/httpclient.py``)."""
     loop = asyncio.get_running_loop()
     kept = _clients.get(loop)
     if kept is None:

@@ -563,10 +563,14 @@ def no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-async def test_the_provider_uses_the_asyncio_transport_without_a_proxy(no_proxy_env):
+async def test_the_provider_uses_its_own_client_without_a_proxy(no_proxy_env):
     provider = OpenAIProvider("p", "https://api.example.test/v1", "sk-x")
     try:
-        assert isinstance(_transport_of(provider, provider.base_url), AsyncioTransport)
+        assert provider._lean  # chat/llm/httpclient.py
+        asked = OpenAIProvider("p", "https://api.example.test/v1", "sk-x", transport="asyncio")
+        assert not asked._lean
+        assert isinstance(_transport_of(asked, asked.base_url), AsyncioTransport)
+        await asked.aclose()
     finally:
         await provider.aclose()
 
@@ -578,6 +582,7 @@ async def test_the_provider_keeps_httpx_proxy_handling_when_the_environment_sets
     provider = OpenAIProvider("p", "https://api.example.test/v1", "sk-x")
     try:
         assert netbackend.environment_proxy_for(provider.base_url)
+        assert not provider._lean
         transport = _transport_of(provider, provider.base_url)
         assert not isinstance(transport, AsyncioTransport)
         assert isinstance(transport._pool, httpcore.AsyncHTTPProxy)  # type: ignore[attr-defined]
@@ -599,6 +604,6 @@ def test_environment_proxy_for(no_proxy_env):
 async def test_a_client_given_to_the_provider_is_used_as_is():
     async with httpx.AsyncClient() as given:
         provider = OpenAIProvider("p", "https://api.example.test/v1", "sk-x", client=given)
-        assert provider._client() is given
+        assert provider._client() is given and not provider._lean
         await provider.aclose()
         assert not given.is_closed

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from chat.core.messages import ToolCall, user
-from chat.llm import netbackend
+from chat.llm import httpclient, netbackend
 from chat.llm.openai import OpenAIProvider, scrub_secret
 from chat.llm.retry import (
     RETRY_AFTER_CAP,
@@ -759,7 +759,12 @@ async def keep_alive_sse_server(connections: list[asyncio.Task[Any]]) -> asyncio
     return await asyncio.start_server(serve, "127.0.0.1", 0)
 
 
-@pytest.mark.parametrize("transport", ["asyncio", "stock"])
+def _kept(provider: OpenAIProvider) -> object:
+    """What the provider keeps between requests: its lean pool, or its httpx client."""
+    return provider._pool() if provider._lean else provider._client()
+
+
+@pytest.mark.parametrize("transport", ["lean", "asyncio", "stock"])
 async def test_sequential_requests_share_one_client_and_one_connection(transport: str):
     connections: list[asyncio.Task[Any]] = []
     server = await keep_alive_sse_server(connections)
@@ -767,15 +772,17 @@ async def test_sequential_requests_share_one_client_and_one_connection(transport
     provider = make_provider(None, base_url=f"http://127.0.0.1:{port}/v1", transport=transport)
     try:
         first, error = await collect(provider, request("one"))
-        client = provider._client()
+        kept = _kept(provider)
         second, error2 = await collect(provider, request("two"))
         assert (error, error2) == (None, None)
         assert (first[-1].text, second[-1].text) == ("re: one", "re: two")
-        assert provider._client() is client
+        assert _kept(provider) is kept
         assert len(connections) == 1  # the second request went over the pooled connection
-        assert isinstance(client._transport, netbackend.AsyncioTransport) == (  # type: ignore[attr-defined]
-            transport == "asyncio"
-        )
+        assert provider._lean == (transport == "lean")
+        if transport != "lean":
+            assert isinstance(kept._transport, netbackend.AsyncioTransport) == (  # type: ignore[attr-defined]
+                transport == "asyncio"
+            )
     finally:
         await provider.aclose()
         server.close()
@@ -783,28 +790,64 @@ async def test_sequential_requests_share_one_client_and_one_connection(transport
         await asyncio.wait_for(asyncio.gather(*connections), 2.0)
 
 
-async def test_the_fake_server_sees_one_client_for_many_requests(fake_openai: FakeOpenAI, provider):
-    made: list[httpx.AsyncClient] = []
-    real_init = httpx.AsyncClient.__init__
+@pytest.mark.parametrize("transport", ["lean", "asyncio"])
+async def test_the_fake_server_sees_one_client_for_many_requests(
+    fake_openai: FakeOpenAI, transport: str
+):
+    provider = make_provider(fake_openai, transport=transport)
+    made: list[object] = []
+    real_client_init = httpx.AsyncClient.__init__
+    real_pool_init = httpclient.Pool.__init__
 
-    def counting_init(self: httpx.AsyncClient, *args: Any, **kwargs: Any) -> None:
+    def counting_client_init(self: httpx.AsyncClient, *args: Any, **kwargs: Any) -> None:
         made.append(self)
-        real_init(self, *args, **kwargs)
+        real_client_init(self, *args, **kwargs)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(httpx.AsyncClient, "__init__", counting_init)
-        for n in range(3):
-            chunks, error = await collect(provider, request(f"n{n}"))
-            assert error is None and chunks[-1].text == "Hello from the fake model."
-        assert await provider.list_models() == ["fake-model", "fake-reasoner"]
-    assert len(made) == 1
-    assert len(fake_openai.chat_requests()) == 3
+    def counting_pool_init(self: httpclient.Pool, *args: Any, **kwargs: Any) -> None:
+        made.append(self)
+        real_pool_init(self, *args, **kwargs)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(httpx.AsyncClient, "__init__", counting_client_init)
+            patch.setattr(httpclient.Pool, "__init__", counting_pool_init)
+            for n in range(3):
+                chunks, error = await collect(provider, request(f"n{n}"))
+                assert error is None and chunks[-1].text == "Hello from the fake model."
+            assert await provider.list_models() == ["fake-model", "fake-reasoner"]
+            end = await provider.complete(request())
+            assert end.text == "Hello from the fake model."
+        kind = httpclient.Pool if transport == "lean" else httpx.AsyncClient
+        assert [type(one) for one in made] == [kind]
+        assert len(fake_openai.chat_requests()) == 4
+    finally:
+        await provider.aclose()
 
 
-async def test_aclose_closes_the_client_and_a_later_request_builds_a_new_one(
+async def test_aclose_closes_the_pool_and_a_later_request_builds_a_new_one():
+    connections: list[asyncio.Task[Any]] = []
+    server = await keep_alive_sse_server(connections)
+    port = server.sockets[0].getsockname()[1]
+    provider = make_provider(None, base_url=f"http://127.0.0.1:{port}/v1")
+    try:
+        first, _ = await collect(provider, request("one"))
+        pool = provider._pool()
+        await provider.aclose()
+        # The kept connection was closed: the server saw its end.
+        await asyncio.wait_for(asyncio.gather(*connections), 2.0)
+        await provider.aclose()  # twice is fine
+        second, error = await collect(provider, request("two"))
+        assert error is None and (first[-1].text, second[-1].text) == ("re: one", "re: two")
+        assert provider._pool() is not pool and len(connections) == 2
+    finally:
+        await provider.aclose()
+        server.close()
+
+
+async def test_aclose_closes_the_httpx_client_and_a_later_request_builds_a_new_one(
     fake_openai: FakeOpenAI,
 ):
-    provider = make_provider(fake_openai)
+    provider = make_provider(fake_openai, transport="asyncio")
     await collect(provider)
     client = provider._client()
     await provider.aclose()
@@ -816,21 +859,24 @@ async def test_aclose_closes_the_client_and_a_later_request_builds_a_new_one(
     await provider.aclose()
 
 
-def test_a_provider_used_from_two_event_loops_rebuilds_its_client(fake_openai: FakeOpenAI):
-    provider = make_provider(fake_openai)
-    clients: list[httpx.AsyncClient] = []
+@pytest.mark.parametrize("transport", ["lean", "asyncio"])
+def test_a_provider_used_from_two_event_loops_rebuilds_its_client(
+    fake_openai: FakeOpenAI, transport: str
+):
+    provider = make_provider(fake_openai, transport=transport)
+    kept: list[object] = []
 
     async def one_reply() -> str:
         chunks, error = await collect(provider)
         assert error is None
-        clients.append(provider._client())
+        kept.append(_kept(provider))
         return chunks[-1].text
 
     assert asyncio.run(one_reply()) == "Hello from the fake model."
     assert asyncio.run(one_reply()) == "Hello from the fake model."  # a new loop
-    assert clients[0] is not clients[1]
+    assert kept[0] is not kept[1]
     asyncio.run(provider.aclose())  # from a third loop: the client is dropped, no error
-    assert provider._own_client is None
+    assert provider._own_client is None and provider._own_pool is None
 
 
 def test_an_unknown_transport_is_refused():

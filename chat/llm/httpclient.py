@@ -1,28 +1,35 @@
-"""The relay's HTTP/1.1 client for its upstreams: one request, its response head, its body
-in as few pieces as the network delivers it.
+"""Lyceum's own HTTP/1.1 client for its upstreams: one request, its response head, its
+body in as few pieces as the network delivers it. Used by the relay (``chat/relay/service.py``)
+and by the OpenAI-compatible provider (``chat/llm/openai.py``).
 
 httpx (on httpcore and h11) turned a streamed body into one h11 event per HTTP chunk, each
 passed up through four async generators: for a 200-token stream about 200 events where the
-relay reads the network about 50 times (``LYCEUM_RELAY_READ_INTERVAL``), a third of the
-relay's CPU per streamed token. Here a read of the network is de-chunked in one pass and
-handed on whole. The connections are ``chat.llm.netbackend``'s (plain asyncio, TLS with
-``start_tls``, reads that can be paced), kept alive per host and port in a small pool; a
-kept connection that the server closed meanwhile is noticed before it is used (the event
-loop has seen its end) or, when the request fails before any byte of an answer, the
-request is sent again once on a new connection.
+caller reads the network about 50 times (paced reads), a third of the relay's CPU per
+streamed token. Here a read of the network is de-chunked in one pass and handed on whole.
+The connections are ``chat.llm.netbackend``'s (plain asyncio, TLS with ``start_tls``, reads
+that can be paced), kept alive per host and port in a small pool; a kept connection that
+the server closed meanwhile is noticed before it is used (the event loop has seen its end)
+or, when the request fails before any byte of an answer, the request is sent again once on
+a new connection.
 
-Only what the relay sends is done: ``POST`` with a body in memory, answers framed by
-``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection, ``1xx``
-answers skipped. When the environment configures a proxy for the upstream's URL the
-request goes through httpx instead (:class:`_HttpxResponse`, the same interface), which
-knows how to use it. Errors are :class:`UpstreamError` either way.
+Only what the two callers send is done: ``POST`` with a body in memory and ``GET``, answers
+framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of the connection,
+``1xx`` answers skipped; no redirects followed, no content decoded (the callers ask for
+``identity``). When the environment configures a proxy for the upstream's URL the relay's
+:class:`Client` sends the request through httpx instead (:class:`_HttpxResponse`, the same
+interface), which knows how to use it; the provider keeps its own httpx client for that.
+Errors are :class:`UpstreamError`, named by their subclass after httpx's (``ConnectError``,
+``ConnectTimeout``, ``ReadError``, ``RemoteProtocolError``, ``InvalidURL``), with the
+network's own exception as their cause.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import time
+import typing
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -42,8 +49,24 @@ class UpstreamError(Exception):
     """The upstream could not be reached, or the connection failed or ended early."""
 
 
-class _Malformed(UpstreamError):
-    pass
+class ConnectError(UpstreamError):
+    """No connection to the upstream (refused, unresolved, TLS refused)."""
+
+
+class ConnectTimeout(ConnectError):
+    """Connecting (TCP or the TLS handshake) took longer than the connect timeout."""
+
+
+class InvalidURL(UpstreamError):
+    """Not an http(s) URL with a host (and a valid port)."""
+
+
+class ReadError(UpstreamError):
+    """Reading the connection failed (reset, say)."""
+
+
+class RemoteProtocolError(UpstreamError):
+    """The upstream broke HTTP: a malformed answer, or the connection closed before its end."""
 
 
 class Response:
@@ -77,7 +100,7 @@ class Response:
             try:
                 self._left = int(length)
             except ValueError:
-                raise _Malformed("bad Content-Length") from None
+                raise RemoteProtocolError("bad Content-Length") from None
             self._need_size = False
             if self._left <= 0:
                 self.complete = True
@@ -121,7 +144,7 @@ class Response:
                 if size - pos < 2:
                     break
                 if raw[pos : pos + 2] != b"\r\n":
-                    raise _Malformed("a chunk did not end with CRLF")
+                    raise RemoteProtocolError("a chunk did not end with CRLF")
                 pos += 2
                 self._left = 0
                 continue
@@ -138,14 +161,14 @@ class Response:
             end = raw.find(b"\r\n", pos)
             if end < 0:
                 if size - pos > 1024:
-                    raise _Malformed("a chunk size line is too long")
+                    raise RemoteProtocolError("a chunk size line is too long")
                 break
             try:
                 chunk = int(raw[pos:end].split(b";", 1)[0].strip(), 16)
             except ValueError:
-                raise _Malformed("a bad chunk size") from None
+                raise RemoteProtocolError("a bad chunk size") from None
             if chunk < 0:
-                raise _Malformed("a bad chunk size")
+                raise RemoteProtocolError("a bad chunk size")
             pos = end + 2
             self._left = chunk if chunk else -3
         self._raw = raw[pos:]
@@ -165,12 +188,14 @@ class Response:
             except httpcore.ReadTimeout as exc:
                 raise TimeoutError("the upstream sent nothing for too long") from exc
             except Exception as exc:  # httpcore's ReadError
-                raise UpstreamError(f"reading the upstream failed: {exc}") from exc
+                raise ReadError(f"reading the upstream failed: {exc}") from exc
             if not received:
                 if self._close_delimited:
                     self.complete = True
                     return
-                raise UpstreamError("the upstream closed the connection before the body ended")
+                raise RemoteProtocolError(
+                    "the upstream closed the connection before the body ended"
+                )
             self._raw += received
             data = self._decode()
             if data:
@@ -196,12 +221,12 @@ class Response:
 class Pool:
     """Kept-alive connections per (scheme, host, port), for one event loop."""
 
-    def __init__(self, connect_timeout: float) -> None:
+    def __init__(self, connect_timeout: float, ssl_context: ssl.SSLContext | None = None) -> None:
         # Per origin, oldest first; the newest is reused first (it is the likeliest open).
         self._idle: dict[tuple[str, str, int], collections.deque[tuple[AsyncioStream, float]]] = {}
         self._backend = AsyncioBackend()
         self._connect_timeout = connect_timeout
-        self._ssl: Any = None
+        self._ssl: ssl.SSLContext | None = ssl_context  # built at the first https connection
 
     def release(self, origin: tuple[str, str, int], stream: AsyncioStream) -> None:
         idle = self._idle.setdefault(origin, collections.deque())
@@ -232,9 +257,11 @@ class Pool:
                 if self._ssl is None:
                     self._ssl = httpx.create_ssl_context()
                 stream = await stream.start_tls(self._ssl, host, self._connect_timeout)
-        except Exception as exc:  # httpcore's ConnectError and ConnectTimeout
-            raise UpstreamError(f"connecting to the upstream failed: {type(exc).__name__}") from exc
-        return stream  # type: ignore[no-any-return]
+        except httpcore.ConnectTimeout as exc:
+            raise ConnectTimeout("connecting to the upstream timed out") from exc
+        except Exception as exc:  # httpcore's ConnectError
+            raise ConnectError(f"connecting to the upstream failed: {type(exc).__name__}") from exc
+        return typing.cast(AsyncioStream, stream)
 
     async def warm(self, url: str) -> None:
         """Have a connection to ``url``'s host ready for the next request (connect now
@@ -253,16 +280,28 @@ class Pool:
         self.release(origin, stream)
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Response:
+        return await self.request("POST", url, body, headers)
+
+    async def request(
+        self, method: str, url: str, body: bytes | None, headers: dict[str, str]
+    ) -> Response:
+        """Send ``method`` to ``url`` (``body`` None: no body, no ``Content-Length``); the
+        answer with its status and headers read, its body still to read."""
         parts = urlsplit(url)
         origin = _origin(parts)
         host = parts.netloc.rpartition("@")[2]
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
-        lines = [f"POST {path} HTTP/1.1", f"Host: {host}"]
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
-        lines.append(f"Content-Length: {len(body)}")
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        try:
+            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        except UnicodeEncodeError:
+            raise InvalidURL("a header or the URL is not Latin-1") from None
+        request = head + body if body else head
         stream = self._kept(origin)
         if stream is not None:
             try:
@@ -273,7 +312,14 @@ class Pool:
         try:
             return await self._exchange(origin, stream, request)
         except _NothingBack as exc:
-            raise UpstreamError(str(exc)) from None
+            raise RemoteProtocolError(str(exc)) from exc.__cause__
+
+    async def aclose(self) -> None:
+        """Close every kept connection (the pool stays usable)."""
+        idle, self._idle = self._idle, {}
+        for kept in idle.values():
+            for stream, _since in kept:
+                await stream.aclose()
 
     async def _exchange(
         self, origin: tuple[str, str, int], stream: AsyncioStream, request: bytes
@@ -293,35 +339,35 @@ class Pool:
                         continue  # 100 Continue and the like: the real answer follows
                     return Response(self, origin, stream, status, headers, buf, reusable)
                 if len(buf) > MAX_HEAD:
-                    raise _Malformed("the upstream's response head is too long")
+                    raise RemoteProtocolError("the upstream's response head is too long")
                 try:
                     received = await stream.read(READ_SIZE)
                 except Exception as exc:  # httpcore's ReadError
                     if not buf:
                         raise _NothingBack(f"the upstream did not answer: {exc}") from exc
-                    raise UpstreamError(f"reading the upstream failed: {exc}") from exc
+                    raise ReadError(f"reading the upstream failed: {exc}") from exc
                 if not received:
                     if not buf:
                         raise _NothingBack("the upstream closed the connection without answering")
-                    raise UpstreamError("the upstream closed the connection mid-answer")
+                    raise RemoteProtocolError("the upstream closed the connection mid-answer")
                 buf += received
         except BaseException:
             await stream.aclose()
             raise
 
 
-class _NothingBack(UpstreamError):
+class _NothingBack(RemoteProtocolError):
     """The request failed before any byte of an answer came back."""
 
 
 def _origin(parts: Any) -> tuple[str, str, int]:
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
-        raise UpstreamError(f"not an http(s) URL: {scheme}")
+        raise InvalidURL(f"not an http(s) URL: {scheme}")
     try:
         port = parts.port or (443 if scheme == "https" else 80)
     except ValueError:
-        raise UpstreamError("a bad port in the URL") from None
+        raise InvalidURL("a bad port in the URL") from None
     return scheme, parts.hostname, port
 
 
@@ -343,12 +389,12 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
     version, _, rest = lines[0].partition(" ")
     code = rest.partition(" ")[0]
     if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise _Malformed("a malformed status line from the upstream")
+        raise RemoteProtocolError("a malformed status line from the upstream")
     headers: dict[str, str] = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
         if not sep:
-            raise _Malformed("a malformed header line from the upstream")
+            raise RemoteProtocolError("a malformed header line from the upstream")
         name = name.strip().lower()
         value = value.strip()
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
@@ -430,9 +476,6 @@ class Client:
         return _HttpxResponse(response)  # type: ignore[return-value]
 
     async def aclose(self) -> None:
-        for idle in self.pool._idle.values():  # noqa: SLF001
-            for stream, _since in idle:
-                await stream.aclose()
-        self.pool._idle.clear()  # noqa: SLF001
+        await self.pool.aclose()
         if self._httpx is not None:
             await self._httpx.aclose()

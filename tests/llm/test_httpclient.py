@@ -1,4 +1,5 @@
-"""The relay's HTTP/1.1 client for its upstreams (chat/relay/upstream.py)."""
+"""Lyceum's HTTP/1.1 client for its upstreams (chat/llm/httpclient.py), used by the relay and
+the provider."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from chat.relay import upstream
-from chat.relay.upstream import Response, UpstreamError
+from chat.llm import httpclient as upstream
+from chat.llm.httpclient import Response, UpstreamError
 from tests.llm.test_netbackend import certificate  # noqa: F401, F811 - the fixture
 
 BODY = b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
