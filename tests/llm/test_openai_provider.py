@@ -37,6 +37,7 @@ from chat.llm.types import (
 )
 from chat.llm.wire import ChunkEncoder
 from tests.fakeopenai import FakeOpenAI, FakeToolCall, Script
+from tests.llm.test_netbackend import certificate  # noqa: F401 - the fixture
 
 API_KEY = "sk-lyceum-TESTKEY-7f3a9c2e1b4d8f60aa"
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
@@ -882,3 +883,247 @@ def test_a_provider_used_from_two_event_loops_rebuilds_its_client(
 def test_an_unknown_transport_is_refused():
     with pytest.raises(ValueError, match="transport"):
         OpenAIProvider("p", "http://127.0.0.1:1/v1", "", transport="curl")
+
+
+# --- the provider's own HTTP client (chat/llm/httpclient.py) under the provider ---------------
+
+
+class Scripted:
+    """A loopback server answering each request with the next reply, written as the given
+    pieces (a short pause between them, so the client's reads cut where they cut); the
+    connection is kept for the next request unless ``close_after`` says otherwise (without
+    saying so in the answer)."""
+
+    def __init__(self, replies: list[list[bytes]], close_after: bool = False) -> None:
+        self.replies = list(replies)
+        self.close_after = close_after
+        self.connections = 0
+        self.heads: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Scripted:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    def url(self, scheme: str = "http") -> str:
+        assert self.server is not None
+        return f"{scheme}://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/v1"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while self.replies:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.heads.append(head)
+                found = re.search(rb"(?i)content-length: *(\d+)", head)
+                if found:
+                    await reader.readexactly(int(found[1]))
+                for piece in self.replies.pop(0):
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.002)
+                if self.close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def sse_reply(words: list[str], tail: bytes = b"") -> bytes:
+    """An SSE body of ``words`` as text deltas, their end, usage and ``[DONE]``."""
+    encoder = ChunkEncoder("m")
+    end = StreamEnd("stop", [], Usage(1, len(words)), "".join(words), "")
+    items = [TextDelta(word) for word in words] + [end]
+    return b"".join(encode_event(json.dumps(item)) for item in encoder.encode_all(items)) + (
+        tail or encode_event("[DONE]")
+    )
+
+
+def chunked(body: bytes, sizes: list[int]) -> bytes:
+    out, pos = [], 0
+    while pos < len(body):
+        size = sizes[len(out) % len(sizes)]
+        out.append(b"%x\r\n" % len(body[pos : pos + size]) + body[pos : pos + size] + b"\r\n")
+        pos += size
+    return b"".join(out) + b"0\r\n\r\n"
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_a_chunked_stream_cut_anywhere_reads_the_same_over_one_kept_connection(seed: int):
+    import random as random_module
+
+    rng = random_module.Random(seed)
+    words = ["Grüße", ", ", "世界", "! 🎉", " naïve", " café"] * 3
+    replies = []
+    for _ in range(2):
+        raw = SSE_HEAD + chunked(sse_reply(words), [rng.randint(1, 40) for _ in range(7)])
+        cuts = sorted(rng.sample(range(1, len(raw)), 12))
+        replies.append([raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)])
+    async with Scripted(replies) as server:
+        provider = make_provider(None, base_url=server.url())
+        try:
+            for _ in range(2):
+                chunks, error = await collect(provider)
+                assert error is None and retries(chunks) == []
+                assert text_of(chunks) == chunks[-1].text == "".join(words)
+        finally:
+            await provider.aclose()
+    assert server.connections == 1  # the second request went over the kept connection
+    head = server.heads[0].decode().lower()
+    assert head.startswith("post /v1/chat/completions http/1.1\r\n")
+    for line in ("content-type: application/json", "accept-encoding: identity", "host: 127.0.0.1"):
+        assert line in head
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.05])  # the server's close unseen (sent again) or seen
+async def test_a_kept_connection_the_server_closed_is_replaced_without_a_retry(pause: float):
+    reply = SSE_HEAD + chunked(sse_reply(["fine"]), [1000])
+    async with Scripted([[reply], [reply], [reply]], close_after=True) as server:
+        provider = make_provider(None, base_url=server.url())
+        try:
+            for _ in range(3):
+                chunks, error = await collect(provider)
+                assert error is None and retries(chunks) == [] and text_of(chunks) == "fine"
+                await asyncio.sleep(pause)
+        finally:
+            await provider.aclose()
+    assert server.connections == 3
+
+
+async def test_tokens_and_an_error_in_one_read_keep_the_tokens():
+    error = encode_event(json.dumps({"error": {"message": "Rate limit reached"}}))
+    body = sse_reply(["one", " two"], tail=error)
+    body = body[: body.index(b"data: {", body.index(b"two"))] + error  # no end, no usage
+    async with Scripted([[SSE_HEAD + chunked(body, [len(body)])]]) as server:
+        provider = make_provider(None, base_url=server.url())
+        try:
+            chunks, failure = await collect(provider)
+        finally:
+            await provider.aclose()
+    assert text_of(chunks) == "one two"
+    assert failure is not None
+    assert (failure.category, failure.streamed) == ("rate_limited", True)
+
+
+async def test_a_redirect_is_a_bad_request_naming_the_base_url():
+    moved = b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nContent-Length: 0\r\n\r\n"
+    async with Scripted([[moved]]) as server:
+        provider = make_provider(None, base_url=server.url())
+        try:
+            chunks, error = await collect(provider)
+        finally:
+            await provider.aclose()
+    assert error is not None and error.category == "bad_request"
+    assert "redirect (HTTP 302); check the base URL" in error.message
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_compressed_json_reply_is_decoded(encoding: str):
+    import gzip
+    import zlib
+
+    completion = {
+        "choices": [{"index": 0, "message": {"content": "Packed."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+    }
+    raw = json.dumps(completion).encode()
+    packed = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: %s\r\n" % (
+        encoding.encode()
+    )
+    answer = head + b"Content-Length: %d\r\n\r\n" % len(packed) + packed
+    async with Scripted([[answer[:40], answer[40:60], answer[60:]]]) as server:
+        provider = make_provider(None, base_url=server.url())
+        try:
+            end = await provider.complete(request())
+        finally:
+            await provider.aclose()
+    assert end.text == "Packed." and end.usage == Usage(3, 1)
+
+
+async def test_an_encoding_that_cannot_be_read_is_a_malformed_reply():
+    answer = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: br\r\n"
+        b"Content-Length: 4\r\n\r\n\x0b\x02\x80{"
+    )
+    async with Scripted([[answer]]) as server:
+        provider = make_provider(None, base_url=server.url(), max_retries=0)
+        try:
+            with pytest.raises(ProviderError) as caught:
+                await provider.complete(request())
+        finally:
+            await provider.aclose()
+    assert caught.value.category == "malformed_stream"
+    assert "'br'" in caught.value.message
+
+
+async def test_a_refused_connection_says_so():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    provider = make_provider(None, base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
+    chunks, error = await collect(provider)
+    assert error is not None and error.category == "unreachable"
+    assert error.message == "The model provider could not be reached (connection refused)."
+    provider = make_provider(None, base_url="ftp://127.0.0.1/v1", max_retries=0)
+    chunks, error = await collect(provider)
+    assert error is not None and error.category == "bad_request"
+    assert "base URL or settings are not valid" in error.message
+
+
+async def test_https_over_the_providers_own_client(certificate, monkeypatch):  # noqa: F811
+    from chat.llm import openai as openai_module
+    from tests.llm.test_netbackend import server_context, trusting_context
+
+    reply = SSE_HEAD + chunked(sse_reply(["secure", " words"]), [7])
+    connections: list[int] = []
+    replies = [reply, reply]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while replies:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                await reader.readexactly(int(length[1]))  # type: ignore[index]
+                writer.write(replies.pop(0))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_context(certificate))
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    try:
+        untrusting = make_provider(None, base_url=url, max_retries=0)
+        chunks, error = await collect(untrusting)
+        await untrusting.aclose()
+        assert error is not None and error.category == "unreachable"
+        assert (
+            error.message == "The model provider could not be reached (the TLS handshake failed)."
+        )
+        monkeypatch.setattr(
+            openai_module, "_shared_ssl_context", lambda: trusting_context(certificate)
+        )
+        provider = make_provider(None, base_url=url)
+        try:
+            for _ in range(2):
+                chunks, error = await collect(provider)
+                assert error is None and text_of(chunks) == "secure words"
+        finally:
+            await provider.aclose()
+        # Both over one kept connection (the refused one never got past its handshake).
+        assert provider._lean and len(connections) == 1
+    finally:
+        server.close()
