@@ -945,7 +945,8 @@ def sse_reply(words: list[str], tail: bytes = b"") -> bytes:
 
 
 def chunked(body: bytes, sizes: list[int]) -> bytes:
-    out, pos = [], 0
+    out: list[bytes] = []
+    pos = 0
     while pos < len(body):
         size = sizes[len(out) % len(sizes)]
         out.append(b"%x\r\n" % len(body[pos : pos + size]) + body[pos : pos + size] + b"\r\n")
