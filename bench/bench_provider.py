@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/bench_provider.py [--tokens 2000] [--streams 5]``
 
 The fake OpenAI server runs in a *subprocess* (``python -m tests.fakeopenai``), so
-``time.process_time()`` here measures only the client side: httpx, the SSE decoder, JSON
+``time.process_time()`` here measures only the client side: the HTTP client, the SSE decoder, JSON
 parsing, the accumulator and the async generators. Target from the issue: provider + agent
 loop under 50 ms CPU per 1,000 tokens. To add the loop later, write a ``measure_loop``
 next to :func:`measure_provider` (same server helper, same result keys) and add a row.
@@ -14,11 +14,15 @@ Modes:
 * ``per-write`` one write per token, no delay: reads carry a few tokens each;
 * ``paced``     one token per millisecond: about one token per read (worst case per token).
 
+``paced, httpx`` is the paced mode through the provider on httpx (``transport="asyncio"``,
+what the provider used before ``chat/llm/httpclient.py``; still used when a proxy is set).
+
 Baselines for the paced mode, the same bytes read and thrown away:
 
 * ``  httpx``          bare httpx with its stock transport (httpcore on anyio);
 * ``  httpx+asyncio``  bare httpx on ``chat.llm.netbackend.AsyncioTransport`` (httpcore on
-  plain asyncio), the transport the provider uses;
+  plain asyncio);
+* ``  lean``           bare ``chat.llm.httpclient.Pool``, the client the provider uses;
 * ``  socket``         a hand-written request on an asyncio socket (kernel + event loop).
 """
 
@@ -42,6 +46,7 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402
 
 from chat.core.messages import user  # noqa: E402
+from chat.llm.httpclient import Pool  # noqa: E402
 from chat.llm.netbackend import AsyncioTransport  # noqa: E402
 from chat.llm.openai import OpenAIProvider  # noqa: E402
 from chat.llm.types import ChatRequest, StreamEnd, TextDelta  # noqa: E402
@@ -98,8 +103,10 @@ class _Timer:
         self.cpu, self.wall = time.process_time() - cpu, time.perf_counter() - wall
 
 
-async def _provider_streams(base_url: str, streams: int, timer: _Timer) -> int:
-    provider = OpenAIProvider("bench", base_url, "sk-bench", max_retries=0)
+async def _provider_streams(
+    base_url: str, streams: int, timer: _Timer, transport: str = "lean"
+) -> int:
+    provider = OpenAIProvider("bench", base_url, "sk-bench", max_retries=0, transport=transport)
     try:
         await _stream_once(provider)  # warm-up: imports, client, first connection
         received = 0
@@ -154,6 +161,34 @@ async def _socket_streams(base_url: str, streams: int, timer: _Timer) -> int:
     return 0
 
 
+async def _provider_httpx_streams(base_url: str, streams: int, timer: _Timer) -> int:
+    return await _provider_streams(base_url, streams, timer, transport="asyncio")
+
+
+async def _lean_streams(base_url: str, streams: int, timer: _Timer) -> int:
+    """Baseline: bare ``httpclient.Pool``, the client the provider uses, bytes thrown away."""
+    body = (
+        b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "stream": true}'
+    )
+    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+    pool = Pool(10.0)
+
+    async def one() -> None:
+        response = await pool.post(f"{base_url}/chat/completions", body, headers)
+        async for _data in response.aiter_body():
+            pass
+        await response.aclose()
+
+    try:
+        await one()
+        with timer.span():
+            for _ in range(streams):
+                await one()
+    finally:
+        await pool.aclose()
+    return 0
+
+
 async def _httpx_asyncio_streams(base_url: str, streams: int, timer: _Timer) -> int:
     """Baseline: bare httpx on the asyncio network backend the provider uses."""
     return await _httpx_streams(base_url, streams, timer, AsyncioTransport())
@@ -161,6 +196,8 @@ async def _httpx_asyncio_streams(base_url: str, streams: int, timer: _Timer) -> 
 
 CLIENTS = {
     "provider": _provider_streams,
+    "provider (httpx)": _provider_httpx_streams,
+    "lean": _lean_streams,
     "httpx": _httpx_streams,
     "httpx+asyncio": _httpx_asyncio_streams,
     "socket": _socket_streams,
@@ -179,7 +216,7 @@ def measure(
     with fake_server_process(tokens, token_delay, coalesce) as base_url:
         received = asyncio.run(CLIENTS[client](base_url, streams, timer))
     total = tokens * streams
-    if client == "provider" and received != total:
+    if client.startswith("provider") and received != total:
         raise RuntimeError(f"expected {total} tokens, received {received}")
     return {
         "client": client,
@@ -206,7 +243,7 @@ def print_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
     print("-" * len(header))
     for mode, r in rows:
         verdict = "ok" if r["cpu_ms_per_1k"] < TARGET_MS_PER_1K else "over"
-        if r["client"] != "provider":
+        if not r["client"].startswith("provider"):
             verdict = "(baseline)"
         shape = f"{r['streams']} x {r['tokens'] // r['streams']}"
         print(
@@ -226,17 +263,20 @@ def main() -> None:
         ("burst", measure_provider(args.tokens, args.streams)),
         ("per-write", measure_provider(args.tokens, args.streams, coalesce=False)),
         ("paced", measure_provider(args.paced_tokens, 2, **paced)),
+        ("paced, httpx", measure(args.paced_tokens, 2, client="provider (httpx)", **paced)),
         ("  httpx", measure(args.paced_tokens, 2, client="httpx", **paced)),
         ("  httpx+asyncio", measure(args.paced_tokens, 2, client="httpx+asyncio", **paced)),
+        ("  lean", measure(args.paced_tokens, 2, client="lean", **paced)),
         ("  socket", measure(args.paced_tokens, 2, client="socket", **paced)),
     ]
     print("OpenAIProvider streaming cost (client process only; server in a subprocess)")
     print_table(rows)
     print(
-        "\n'  httpx', '  httpx+asyncio' and '  socket' are baselines for the paced row: the same"
-        "\nbytes read by bare httpx on its stock transport (anyio), by bare httpx on the asyncio"
-        "\nbackend the provider uses, and by a raw asyncio socket (kernel + event loop). The"
-        "\nprovider's own share is 'paced' minus '  httpx+asyncio'."
+        "\n'paced, httpx' is the provider on httpx (as with a proxy). '  httpx', '  httpx+asyncio',"
+        "\n'  lean' and '  socket' are baselines for the paced rows: the same bytes read by bare"
+        "\nhttpx on its stock transport (anyio), by bare httpx on the asyncio backend, by the"
+        "\nprovider's own client (chat/llm/httpclient.py) and by a raw asyncio socket (kernel +"
+        "\nevent loop). The provider's own share is 'paced' minus '  lean'."
     )
 
 
