@@ -15,6 +15,9 @@ Run: ``.venv/bin/python bench/bench_stock_paths.py [--tokens 300] [--tps 50] [--
     connect). The paced reads are a feature of the custom backend
     (``AsyncioStream.pace_reads``); on the stock transport the provider reads as data
     arrives whatever ``read_interval`` says, which is what deleting the backend would give.
+    Both rows are httpx: the provider's default is now its own client (``transport="lean"``,
+    ``chat/llm/httpclient.py``), and these are the paths it keeps for a proxy in the
+    environment or when asked; ``bench_provider.py`` sets the own client against httpx.
 
 (b) ``chat.presentation.markdown.StreamingMarkdown`` on markdown-shaped replies streamed in pieces of
     about one model token, rendered every ``--every`` pieces (a push interval's worth):
