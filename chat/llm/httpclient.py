@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import ssl
 import time
 import typing
@@ -293,8 +294,12 @@ class Pool:
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
+        if _UNSAFE.search(path):  # spaces and controls, percent-encoded as httpx does
+            path = _UNSAFE.sub(lambda found: f"%{ord(found[0]):02X}", path)
         lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
+        if any(_BREAKS.search(line) for line in lines):  # as h11 refuses them
+            raise InvalidURL("a line break in the URL or a header")
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
         try:
@@ -358,6 +363,10 @@ class Pool:
 
 class _NothingBack(RemoteProtocolError):
     """The request failed before any byte of an answer came back."""
+
+
+_BREAKS = re.compile(r"[\r\n\0]")
+_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
 
 
 def _origin(parts: Any) -> tuple[str, str, int]:

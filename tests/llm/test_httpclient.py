@@ -233,3 +233,30 @@ async def test_connections_kept_too_long_are_closed_when_the_pool_is_next_used()
     finally:
         await client.aclose()
         server.close()
+
+
+async def test_a_line_break_in_a_header_is_refused_and_one_in_the_url_sent_encoded():
+    heads: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await writer.drain()
+
+    server, port, connections = await _server(record)
+    client = upstream.Client(5.0, 30.0)
+    try:
+        with pytest.raises(upstream.InvalidURL):
+            await client.post(f"http://127.0.0.1:{port}/", b"", {"A": "k\r\nX-Evil: 1"})
+        assert connections == []
+        response = await client.pool.request(
+            "GET", f"http://127.0.0.1:{port}/v1 x\r\nX-Evil: 1", None, {}
+        )
+        assert response.status_code == 204
+        await response.aclose()
+        request_line, *header_lines = heads[0].decode().split("\r\n")
+        assert request_line == "GET /v1%20xX-Evil:%201 HTTP/1.1"
+        assert not any(line.startswith("X-Evil") for line in header_lines)
+    finally:
+        await client.aclose()
+        server.close()
