@@ -294,8 +294,15 @@ class Pool:
         path = parts.path or "/"
         if parts.query:
             path += "?" + parts.query
-        if _UNSAFE.search(path):  # spaces and controls, percent-encoded as httpx does
-            path = _UNSAFE.sub(lambda found: f"%{ord(found[0]):02X}", path)
+        if _UNSAFE.search(path):  # spaces, controls, non-ASCII: percent-encoded as httpx does
+            path = _UNSAFE.sub(
+                lambda found: "".join(f"%{byte:02X}" for byte in found[0].encode()), path
+            )
+        if not host.isascii():
+            try:
+                host = host.encode("idna").decode("ascii")
+            except UnicodeError:
+                raise InvalidURL("a host name that cannot be encoded") from None
         lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         if any(_BREAKS.search(line) for line in lines):  # as h11 refuses them
@@ -366,7 +373,7 @@ class _NothingBack(RemoteProtocolError):
 
 
 _BREAKS = re.compile(r"[\r\n\0]")
-_UNSAFE = re.compile(r"[\x00-\x20\x7f]")
+_UNSAFE = re.compile(r"[^\x21-\x7e]")
 
 
 def _origin(parts: Any) -> tuple[str, str, int]:

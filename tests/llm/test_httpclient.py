@@ -250,12 +250,12 @@ async def test_a_line_break_in_a_header_is_refused_and_one_in_the_url_sent_encod
             await client.post(f"http://127.0.0.1:{port}/", b"", {"A": "k\r\nX-Evil: 1"})
         assert connections == []
         response = await client.pool.request(
-            "GET", f"http://127.0.0.1:{port}/v1 x\r\nX-Evil: 1", None, {}
+            "GET", f"http://127.0.0.1:{port}/v1 x\r\nX-Evil: 1/é", None, {}
         )
         assert response.status_code == 204
         await response.aclose()
         request_line, *header_lines = heads[0].decode().split("\r\n")
-        assert request_line == "GET /v1%20xX-Evil:%201 HTTP/1.1"
+        assert request_line == "GET /v1%20xX-Evil:%201/%C3%A9 HTTP/1.1"
         assert not any(line.startswith("X-Evil") for line in header_lines)
     finally:
         await client.aclose()
