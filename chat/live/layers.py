@@ -48,9 +48,9 @@ class LeanInMemoryChannelLayer(InMemoryChannelLayer):
         self._clean_expired()
         expires = time.time() + self.expiry
         for channel in list(self.groups.get(group, ())):
-            queue = self.channels.setdefault(
-                channel, asyncio.Queue(maxsize=self.get_capacity(channel))
-            )
+            queue = self.channels.get(channel)
+            if queue is None:  # (not made for every member: setdefault would)
+                queue = self.channels[channel] = asyncio.Queue(maxsize=self.get_capacity(channel))
             # As in Channels, a full channel misses the group's message.
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait((expires, copy_message(message)))

@@ -97,7 +97,7 @@ def stream_slot(
         return _stream_slot_uncached(run_id, text_html, reasoning, oob)
     values = {
         _SLOT_RUN: escape(run_id),
-        _SLOT_REASONING: linebreaksbr(reasoning, autoescape=True),
+        _SLOT_REASONING: linebreaksbr(reasoning, autoescape=True) if reasoning else "",
         _SLOT_TEXT: text_html,
     }
     shape = _stream_shape(get_language(), oob, bool(reasoning), bool(text_html))
