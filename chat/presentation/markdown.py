@@ -252,22 +252,16 @@ class StreamingMarkdown:
             tokens = md.parse(tail, env)
             last_start = _last_final_boundary(tokens, tail)
             first_line = 0  # of the tail, in the tokens' line numbers
-            finished = ""
             if last_start:  # the blocks before it are final
                 first_line = tokens[last_start].map[0]
                 cut = _line_offset(tail, first_line)
                 self._stable_source += tail[:cut]
-                finished = md.renderer.render(tokens[:last_start], md.options, env)
+                self._stable_html += sanitize_html(
+                    md.renderer.render(tokens[:last_start], md.options, env)
+                )
                 tokens, tail = tokens[last_start:], tail[cut:]
-            split = _GrowingList.parts(tokens, tail, env)
-            parts = [("div", finished), ("div", md.renderer.render(tokens, md.options, env))]
-            clean = _sanitize_parts(parts + (split[1] if split else []))
-            if clean is None:  # (never seen) each on its own, without the list's parts
-                clean, split = [sanitize_html(html) for _tag, html in parts], None
-            self._stable_html += clean[0]
-            html = clean[1]
-            if split is not None:
-                self._list = _GrowingList.split(tokens, tail, first_line, split[0], clean[2:], html)
+            html = sanitize_html(md.renderer.render(tokens, md.options, env))
+            self._list = _GrowingList.split(tokens, tail, first_line, env, html)
             self._paragraph_last = _ends_with_paragraph(tokens)
         self._tail_source = tail
         self._tail_html = html
@@ -298,7 +292,7 @@ class StreamingMarkdown:
                 return None
             words, rest = added[:line_end], added[line_end + 1 :]
         marker = _INTERRUPTING_ITEM.match(rest)
-        if marker is None or "]:" in tail:  # a link reference: see _GrowingList.parts
+        if marker is None or "]:" in tail:  # a link reference: see _GrowingList.split
             return None
         if words:
             done = self._stable_source + source
@@ -374,11 +368,12 @@ class _GrowingList:
         self.kind = kind  # bullet_list_open or ordered_list_open
         self.markup = markup  # the items' marker ("-", "*", "+"; ".", ")")
 
-    @staticmethod
-    def parts(tokens: list, tail: str, env: dict) -> tuple[int, list[tuple[str, str]]] | None:
-        """If the tail's last block is a tight list: the index of its last item's first
-        token, and the HTML to sanitise for :meth:`split` (the blocks before the list, the
-        items before the last one, the last one)."""
+    @classmethod
+    def split(
+        cls, tokens: list, tail: str, first_line: int, env: dict, html: str
+    ) -> _GrowingList | None:
+        """The tail's last block split before its last item, if it is a tight list of two
+        items or more (checked: the parts give the ``html`` of the whole tail)."""
         if not tokens or tokens[-1].type not in ("bullet_list_close", "ordered_list_close"):
             return None
         if "]:" in tail:  # it may define a link reference: those apply to the whole text
@@ -392,24 +387,16 @@ class _GrowingList:
         last = items[-1]
         md = _markdown()
         render = md.renderer.render
-        return last, [
-            ("div", render(tokens[:opened], md.options, env)),
-            ("ul", render(tokens[opened + 1 : last], md.options, env)),
-            ("ul", render(tokens[last:-1], md.options, env)),
-        ]
-
-    @classmethod
-    def split(
-        cls, tokens: list, tail: str, first_line: int, last: int, clean: list[str], html: str
-    ) -> _GrowingList | None:
-        """The tail's last block split before its last item (:meth:`parts`, ``clean`` its
-        parts sanitised), if the parts give the ``html`` of the whole tail."""
-        md = _markdown()
-        opened = max(i for i, t in enumerate(tokens) if t.level == 0 and t.nesting == 1)
         head = tokens[opened]
         close = f"</{head.tag}>\n"
-        prefix = clean[0] + md.renderer.render([head], md.options, {}) + clean[1]
-        if prefix + clean[2] + close != html:
+        before = render(tokens[:opened], md.options, env)
+        items_before = _sanitize_items(render(tokens[opened + 1 : last], md.options, env))
+        prefix = None
+        if items_before is not None:
+            prefix = (sanitize_html(before) if before else "") + render([head], md.options, env)
+            prefix += items_before
+        rest = _sanitize_items(render(tokens[last:-1], md.options, env))
+        if prefix is None or rest is None or prefix + rest + close != html:
             return None
         cut = _line_offset(tail, tokens[last].map[0] - first_line)
         return cls(tail[:cut], prefix, close, head.type, tokens[last].markup)
@@ -422,7 +409,7 @@ class _GrowingList:
         if not tail.startswith(self.source):
             return None
         rest = tail[len(self.source) :]
-        if "]:" in rest:  # it may define a link reference (see parts)
+        if "]:" in rest:  # it may define a link reference (see split)
             return None
         md = _markdown()
         env: dict = {}
@@ -436,30 +423,29 @@ class _GrowingList:
         if any(tokens[i].markup != self.markup for i in items):
             return None
         last = items[-1]
-        boundary = len(tokens)  # where the tail's final part ends
-        if close < len(tokens) - 1:
-            # Blocks after the list: it has ended. They are rendered as in the whole tail
-            # only from a final boundary on (one that text added cannot reach across).
-            boundary = _last_final_boundary(tokens, rest)
-            if boundary <= close:
-                return None
-        render = md.renderer.render
-        parts = [
-            ("ul", render(tokens[1:last], md.options, env)),  # final now too
-            ("ul", render(tokens[last:close], md.options, env)),
-            ("div", render(tokens[close + 1 : boundary], md.options, env)),
-            ("div", render(tokens[boundary:], md.options, env)),
-        ]
-        clean = _sanitize_parts(parts)
-        if clean is None:
+        rendered = _sanitize_items(md.renderer.render(tokens[last:close], md.options, env))
+        if rendered is None:
             return None
-        self.html += clean[0]
-        self.source += rest[: _line_offset(rest, tokens[last].map[0])]
-        html = self.html + clean[1] + self.close
-        if boundary == len(tokens):
+        before = len(tail) - len(rest)
+        if last > 1:  # items before the last one: final now too
+            items_before = _sanitize_items(md.renderer.render(tokens[1:last], md.options, env))
+            if items_before is None:
+                return None
+            self.html += items_before
+            self.source += rest[: _line_offset(rest, tokens[last].map[0])]
+        html = self.html + rendered + self.close
+        if close == len(tokens) - 1:
             return html, 0, "", False
-        cut = len(tail) - len(rest) + _line_offset(rest, tokens[boundary].map[0])
-        return clean[3], cut, html + clean[2], _ends_with_paragraph(tokens)
+        # Blocks after the list: it has ended. They are rendered as in the whole tail
+        # only from a final boundary on (one that text added cannot reach across).
+        boundary = _last_final_boundary(tokens, rest)
+        if boundary <= close:
+            return None
+        cut = _line_offset(rest, tokens[boundary].map[0])
+        if boundary > close + 1:
+            html += sanitize_html(md.renderer.render(tokens[close + 1 : boundary], md.options, env))
+        tail_html = sanitize_html(md.renderer.render(tokens[boundary:], md.options, env))
+        return tail_html, before + cut, html, _ends_with_paragraph(tokens)
 
 
 # A list item that interrupts a paragraph: a bullet, or the number 1, and content.
@@ -481,35 +467,13 @@ def _tight(inner: list) -> bool:
     return bool(paragraphs) and all(t.hidden for t in paragraphs)
 
 
-_PART = ' class="\ue000">'  # marks the wrappers of _sanitize_parts (no text or markup has it)
-
-
-def _sanitize_parts(parts: list[tuple[str, str]]) -> list[str] | None:
-    """Pieces of HTML sanitised in one go, each in an element of its own (``ul`` for list
-    items: they are parsed in a list as in the whole HTML; ``div`` for blocks); None if
-    the wrappers did not come out as they went in.
-
-    One call of nh3 instead of one a piece: nh3 lets the GIL go for each call, and an
-    event loop that lets it go waits to get it back while the database thread has it
-    (0.25 ms a call, 20 times the call's own work, with another thread busy).
-    """
-    clean = sanitize_html("".join(f"<{tag}{_PART}{html}</{tag}>" for tag, html in parts))
-    out: list[str] = []
-    at = 0
-    for number, (tag, _html) in enumerate(parts):
-        opener, closer = f"<{tag}{_PART}", f"</{tag}>"
-        if not clean.startswith(opener, at):
-            return None
-        start = at + len(opener)
-        if number + 1 < len(parts):
-            at = clean.find(_PART, start)
-            at = clean.rfind("<", start, at) if at >= 0 else -1
-        else:
-            at = len(clean)
-        if at < 0 or not clean.startswith(closer, at - len(closer)):
-            return None
-        out.append(clean[start : at - len(closer)])
-    return out
+def _sanitize_items(items: str) -> str | None:
+    """Sanitised list items, parsed in a list as they are in the whole HTML (None: the
+    list did not stay one)."""
+    clean = sanitize_html("<ul>" + items + "</ul>")
+    if not (clean.startswith("<ul>") and clean.endswith("</ul>")):
+        return None
+    return clean[4:-5]
 
 
 # Words (letters and digits) and spaces, and whole bold, italic or code spans of words

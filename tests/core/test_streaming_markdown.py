@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -226,33 +225,3 @@ def test_a_link_reference_in_a_list_applies_to_its_items_while_streaming():
     for end in range(1, len(text) + 1):
         assert stream.render(text[:end]) == render_markdown_uncached(text[:end])
     assert 'href="http://example.com/one"' in stream.render(text)
-
-
-@pytest.mark.parametrize(
-    "parts",
-    [
-        [("div", "<p>a &amp; <strong>b</strong></p>\n"), ("ul", "<li>one</li>\n<li>two</li>\n")],
-        [("div", ""), ("div", '<p><a href="javascript:x()">x</a><script>y</script></p>')],
-        [("ul", "<li><img src=x onerror=alert(1)> <b>z</b></li>"), ("div", "")],
-        [
-            ("div", '<p>&lt;div class="\ue000"&gt; text</p>'),
-            ("div", "<pre>\n<code>a\n</code></pre>"),
-        ],
-    ],
-)
-def test_pieces_sanitised_together_are_the_pieces_sanitised_alone(parts):
-    alone = [
-        markdown.sanitize_html(f"<ul>{html}</ul>")[4:-5]
-        if tag == "ul"
-        else markdown.sanitize_html(html)
-        for tag, html in parts
-    ]
-    assert markdown._sanitize_parts(parts) == alone
-    assert "<script" not in "".join(alone) and "onerror" not in "".join(alone)
-
-
-def test_pieces_that_carry_the_wrappers_mark_are_not_split():
-    """markdown-it never writes it (raw HTML is off); if it came, the wrappers would not
-    tell the pieces apart: the caller sanitises the whole instead."""
-    parts = [("ul", '<li><b class="\ue000">z</b></li>'), ("div", "<p>x</p>")]
-    assert markdown._sanitize_parts(parts) is None
