@@ -218,6 +218,8 @@ class StreamingMarkdown:
             added = text[len(done) :]
             if self._appendable(added, done):
                 return self._stable_html + self._append_words(added)
+            if self._list is not None and (html := self._append_item(added, done)):
+                return self._stable_html + html
         if not text.startswith(self._stable_source):  # not a continuation: start over
             self._stable_source = self._stable_html = ""
             self._list, self._paragraph_last = None, False
@@ -268,6 +270,41 @@ class StreamingMarkdown:
         point = _word_insertion_point(tail, self._tail_html)
         self._insert_at, self._space_first = point if point else (None, False)
         return self._stable_html + self._tail_html
+
+    def _append_item(self, added: str, done: str) -> str | None:
+        """The tail's HTML with a new item of words added to its list without rendering
+        (None: it must be rendered), words before it going to the last item.
+
+        Only when the last item is one line of words after its marker, and so is the new
+        one, with the same marker, unindented: that line starts a sibling item and
+        nothing else, the item before it is final, and the list stays tight.
+        """
+        assert self._list is not None
+        line_end = added.find("\n")
+        if line_end < 0 or "\n" in added[line_end + 1 :]:
+            return None
+        words, line = added[:line_end], added[line_end + 1 :]
+        new = _WORDS_ITEM.fullmatch(line)
+        if new is None or (new.group(1) or new.group(2)) != self._list.markup:
+            return None
+        last = self._tail_source[len(self._list.source) :] + words
+        item = _WORDS_ITEM.fullmatch(last.lstrip(" "))
+        if item is None or len(last) - len(last.lstrip(" ")) > 3:
+            return None
+        if words and not self._appendable(words, done):
+            return None
+        if words:
+            self._append_words(words)
+        close = self._list.close
+        self._list.source = self._tail_source + "\n"
+        self._list.html = self._tail_html[: -len(close)]
+        content = new.group(3).rstrip(" ")
+        self._tail_source += "\n" + line
+        self._tail_html = self._list.html + "<li>" + _SPAN.sub(_span_html, content) + "</li>\n"
+        self._insert_at = len(self._tail_html) - len("</li>\n")
+        self._space_first = content[-1] in "*`"
+        self._tail_html += close
+        return self._tail_html
 
     def _list_after_paragraph(self, tail: str) -> _GrowingList | None:
         """The tail grown from a paragraph (rendered) into that paragraph and a list
@@ -485,6 +522,12 @@ _WORDS = r"[^\W_]++(?: ++[^\W_]++)*+"
 _SPAN = re.compile(rf"\*\*({_WORDS})\*\*|\*({_WORDS})\*|`({_WORDS})`")
 _WORDS_AND_SPANS = re.compile(rf"(?: ++|[^\W_]++|(?<![^ ])(?:{_SPAN.pattern})(?![^ ]))++")
 _SPAN_TAGS = ("strong", "em", "code")
+
+# An item of words (and whole spans of them, as _WORDS_AND_SPANS): a bullet or a number,
+# then spaces (fewer than five: more would start indented code) and its words.
+_WORDS_ITEM = re.compile(
+    rf"(?:([-+*])|\d{{1,9}}([.)])) {{1,4}}(?! )((?:{_WORDS_AND_SPANS.pattern}))"
+)
 
 
 def _span_html(match: re.Match) -> str:

@@ -225,3 +225,26 @@ def test_a_link_reference_in_a_list_applies_to_its_items_while_streaming():
     for end in range(1, len(text) + 1):
         assert stream.render(text[:end]) == render_markdown_uncached(text[:end])
     assert 'href="http://example.com/one"' in stream.render(text)
+
+
+def test_new_items_of_words_are_appended_without_rendering(monkeypatch):
+    stream = StreamingMarkdown()
+    text = "Intro words\n- one\n- two"
+    stream.render(text)
+    parsed: list[str] = []
+    md = markdown._markdown()
+    real_parse = md.parse
+    monkeypatch.setattr(
+        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
+    )
+
+    for piece in [" more", "\n- three **bold**", " and", "\n- four `code`", "\n- five"]:
+        text += piece
+        html = stream.render(text)
+
+    assert parsed == []
+    monkeypatch.undo()
+    assert html == render_markdown_uncached(text)
+    for piece in ["\n  - nested", "\n- six", "\n\n- loose now", "\n1. other kind"]:
+        text += piece  # syntax the fast path leaves to the renderer
+        assert stream.render(text) == render_markdown_uncached(text)
