@@ -180,7 +180,8 @@ class StreamingMarkdown:
     them) continuing the last block's text, it goes straight into that block's HTML
     without rendering at all. A list being written (the last block) is rendered from
     its last item on: the items before it are final while it stays tight (see
-    :class:`_GrowingList`), and so is a paragraph a list interrupted. The one difference from
+    :class:`_GrowingList`), and so is a paragraph a list interrupted; a new item of
+    plain words goes in as words do. The one difference from
     rendering the whole text: a link reference defined after its use (the written
     message, rendered whole, shows it right).
 
