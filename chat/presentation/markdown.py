@@ -410,8 +410,9 @@ class _GrowingList:
     def split(
         cls, tokens: list, tail: str, first_line: int, env: dict, html: str
     ) -> _GrowingList | None:
-        """The tail's last block split before its last item, if it is a tight list of two
-        items or more (checked: the parts give the ``html`` of the whole tail)."""
+        """The tail's last block split before its last item, if it is a tight list
+        (checked: the parts give the ``html`` of the whole tail). The blocks before the
+        list in the tail are final too: the list's first line interrupted them."""
         if not tokens or tokens[-1].type not in ("bullet_list_close", "ordered_list_close"):
             return None
         if "]:" in tail:  # it may define a link reference: those apply to the whole text
