@@ -178,7 +178,10 @@ class StreamingMarkdown:
     before that is rendered once and kept.
     And when what was added is plain words (or whole bold, italic or code spans of
     them) continuing the last block's text, it goes straight into that block's HTML
-    without rendering at all. The one difference from
+    without rendering at all. A list being written (the last block) is rendered from
+    its last item on: the items before it are final while it stays tight (see
+    :class:`_GrowingList`), and so is a paragraph a list interrupted; a new item of
+    plain words goes in as words do. The one difference from
     rendering the whole text: a link reference defined after its use (the written
     message, rendered whole, shows it right).
 
@@ -200,6 +203,8 @@ class StreamingMarkdown:
         self._insert_at: int | None = None  # where appended words go in _tail_html
         self._space_first = False  # ... and whether they must start with a space
         self._last: tuple[str, str] | None = None  # the last text rendered, and its HTML
+        self._list: _GrowingList | None = None  # the last block, a list: its final items
+        self._paragraph_last = False  # the tail's last block is a top-level paragraph
 
     def render(self, text: str) -> str:
         # The same text again: the final render of a reply whose last snapshot held all
@@ -214,8 +219,11 @@ class StreamingMarkdown:
             added = text[len(done) :]
             if self._appendable(added, done):
                 return self._stable_html + self._append_words(added)
+            if self._list is not None and (html := self._append_item(added, done)):
+                return self._stable_html + html
         if not text.startswith(self._stable_source):  # not a continuation: start over
             self._stable_source = self._stable_html = ""
+            self._list, self._paragraph_last = None, False
         tail = text[len(self._stable_source) :]
         self.last_plain = self.plain or len(tail) > STREAM_TAIL_CHARS
         if self.last_plain:
@@ -232,21 +240,112 @@ class StreamingMarkdown:
 
     def _render_tail(self, tail: str) -> str:
         md = _markdown()
-        env: dict = {}
-        tokens = md.parse(tail, env)
-        last_start = _last_final_boundary(tokens, tail)
-        if last_start:  # the blocks before it are final
-            cut = _line_offset(tail, tokens[last_start].map[0])
-            self._stable_source += tail[:cut]
-            self._stable_html += sanitize_html(
-                md.renderer.render(tokens[:last_start], md.options, env)
-            )
-            tokens, tail = tokens[last_start:], tail[cut:]
+        if self._paragraph_last and self._list is None:
+            self._list = self._list_after_paragraph(tail)
+        done = self._list.render(tail) if self._list is not None else None
+        if done is not None:
+            html, final, final_html, self._paragraph_last = done
+            if final:  # the list ended, and the blocks after it up to the last are final
+                self._stable_source += tail[:final]
+                self._stable_html += final_html
+                tail, self._list = tail[final:], None
+        else:
+            self._list = None
+            env: dict = {}
+            tokens = md.parse(tail, env)
+            last_start = _last_final_boundary(tokens, tail)
+            first_line = 0  # of the tail, in the tokens' line numbers
+            if last_start:  # the blocks before it are final
+                first_line = tokens[last_start].map[0]
+                cut = _line_offset(tail, first_line)
+                self._stable_source += tail[:cut]
+                self._stable_html += sanitize_html(
+                    md.renderer.render(tokens[:last_start], md.options, env)
+                )
+                tokens, tail = tokens[last_start:], tail[cut:]
+            html = sanitize_html(md.renderer.render(tokens, md.options, env))
+            self._list = _GrowingList.split(tokens, tail, first_line, env, html)
+            self._paragraph_last = _ends_with_paragraph(tokens)
         self._tail_source = tail
-        self._tail_html = sanitize_html(md.renderer.render(tokens, md.options, env))
+        self._tail_html = html
         point = _word_insertion_point(tail, self._tail_html)
         self._insert_at, self._space_first = point if point else (None, False)
         return self._stable_html + self._tail_html
+
+    def _append_item(self, added: str, done: str) -> str | None:
+        """The tail's HTML with a new item of words added to its list without rendering
+        (None: it must be rendered), words before it going to the last item.
+
+        Only when the last item is one line of words after its marker, and so is the new
+        one, with the same marker, unindented: that line starts a sibling item and
+        nothing else, the item before it is final, and the list stays tight.
+        """
+        assert self._list is not None
+        line_end = added.find("\n")
+        if line_end < 0 or "\n" in added[line_end + 1 :]:
+            return None
+        words, line = added[:line_end], added[line_end + 1 :]
+        new = _WORDS_ITEM.fullmatch(line)
+        if new is None or (new.group(1) or new.group(2)) != self._list.markup:
+            return None
+        last = self._tail_source[len(self._list.source) :] + words
+        item = _WORDS_ITEM.fullmatch(last.lstrip(" "))
+        if item is None or len(last) - len(last.lstrip(" ")) > 3:
+            return None
+        if words and not self._appendable(words, done):
+            return None
+        if words:
+            self._append_words(words)
+        close = self._list.close
+        self._list.source = self._tail_source + "\n"
+        self._list.html = self._tail_html[: -len(close)]
+        content = new.group(3).rstrip(" ")
+        self._tail_source += "\n" + line
+        self._tail_html = self._list.html + "<li>" + _SPAN.sub(_span_html, content) + "</li>\n"
+        self._insert_at = len(self._tail_html) - len("</li>\n")
+        self._space_first = content[-1] in "*`"
+        self._tail_html += close
+        return self._tail_html
+
+    def _list_after_paragraph(self, tail: str) -> _GrowingList | None:
+        """The tail grown from a paragraph (rendered) into that paragraph and a list
+        after it: then the paragraph is final and only the list is rendered.
+
+        A list item whose first line has content interrupts a paragraph, and no text
+        added later changes that line into anything that does not (not a setext
+        underline: that is dashes alone; not a table's delimiter row: that does not
+        start with a marker and a space). The words added to the paragraph's last line
+        before the item go in as words do (:meth:`_appendable`), or the tail is
+        rendered whole.
+        """
+        source = self._tail_source
+        if not tail.startswith(source):
+            return None
+        added = tail[len(source) :]
+        if source.endswith("\n"):
+            words, rest = "", added
+        else:
+            line_end = added.find("\n")
+            if line_end < 0:
+                return None
+            words, rest = added[:line_end], added[line_end + 1 :]
+        marker = _INTERRUPTING_ITEM.match(rest)
+        if marker is None or "]:" in tail:  # a link reference: see _GrowingList.split
+            return None
+        if words:
+            done = self._stable_source + source
+            if self._insert_at is None or not self._appendable(words, done):
+                return None
+            self._append_words(words)
+        ordered = marker.group(1) is None
+        head = "<ol>\n" if ordered else "<ul>\n"
+        return _GrowingList(
+            tail[: len(tail) - len(rest)],
+            self._tail_html + head,
+            head.replace("<", "</"),
+            "ordered_list_open" if ordered else "bullet_list_open",
+            marker.group(2) or marker.group(1),
+        )
 
     def render_final(self, text: str) -> str | None:
         """The HTML of the finished ``text``, as rendering it whole gives (None if it may not).
@@ -285,6 +384,137 @@ class StreamingMarkdown:
         return self._tail_html
 
 
+class _GrowingList:
+    """The last block of a streamed reply's tail when it is a tight list: the items
+    before its last one are final, only the last one is rendered again.
+
+    A reply's list grows an item at a time, and re-parsing the whole block (the list,
+    and the paragraph it interrupted) on each new item was most of a stream's markdown
+    time. An item ends where the next one starts, and text added after cannot reach
+    back into it, with one exception: a blank line between items, or between two
+    blocks of an item, makes the whole list loose (its items' paragraphs shown as
+    such). So the text from the last item on is rendered alone, and used only while
+    it is a tight list of the same kind by itself (then the whole list stays tight);
+    anything else (a loose list, a block after the list, another marker) renders the
+    tail whole again. Sanitised item by item: each item is a whole element.
+    """
+
+    def __init__(self, source: str, html: str, close: str, kind: str, markup: str):
+        self.source = source  # the tail's text before the last item
+        self.html = html  # ... as sanitised HTML, the list's opening tag and items left open
+        self.close = close  # the list's closing tag
+        self.kind = kind  # bullet_list_open or ordered_list_open
+        self.markup = markup  # the items' marker ("-", "*", "+"; ".", ")")
+
+    @classmethod
+    def split(
+        cls, tokens: list, tail: str, first_line: int, env: dict, html: str
+    ) -> _GrowingList | None:
+        """The tail's last block split before its last item, if it is a tight list
+        (checked: the parts give the ``html`` of the whole tail). The blocks before the
+        list in the tail are final too: the list's first line interrupted them."""
+        if not tokens or tokens[-1].type not in ("bullet_list_close", "ordered_list_close"):
+            return None
+        if "]:" in tail:  # it may define a link reference: those apply to the whole text
+            return None
+        if tokens[-1].level != 0:
+            return None
+        opened = max(i for i, t in enumerate(tokens) if t.level == 0 and t.nesting == 1)
+        items = [i for i in range(opened + 1, len(tokens)) if _is_item(tokens[i])]
+        if not items or not _tight(tokens[opened + 1 : -1]):
+            return None
+        last = items[-1]
+        md = _markdown()
+        render = md.renderer.render
+        head = tokens[opened]
+        close = f"</{head.tag}>\n"
+        before = render(tokens[:opened], md.options, env)
+        items_before = _sanitize_items(render(tokens[opened + 1 : last], md.options, env))
+        prefix = None
+        if items_before is not None:
+            prefix = (sanitize_html(before) if before else "") + render([head], md.options, env)
+            prefix += items_before
+        rest = _sanitize_items(render(tokens[last:-1], md.options, env))
+        if prefix is None or rest is None or prefix + rest + close != html:
+            return None
+        cut = _line_offset(tail, tokens[last].map[0] - first_line)
+        return cls(tail[:cut], prefix, close, head.type, tokens[last].markup)
+
+    def render(self, tail: str) -> tuple[str, int, str, bool] | None:
+        """The tail's HTML, rendering only the list's last item(s) and what follows it
+        (None: render the tail whole). And how much of the tail is final, with its HTML:
+        once the list has ended, what is before the tail's last final boundary; and
+        whether the tail's last block is a paragraph."""
+        if not tail.startswith(self.source):
+            return None
+        rest = tail[len(self.source) :]
+        if "]:" in rest:  # it may define a link reference (see split)
+            return None
+        md = _markdown()
+        env: dict = {}
+        tokens = md.parse(rest, env)
+        if not tokens or tokens[0].type != self.kind:
+            return None
+        close = next(i for i in range(1, len(tokens)) if tokens[i].level == 0)
+        if not _tight(tokens[1:close]):
+            return None  # a loose list: every item's paragraphs shown
+        items = [i for i in range(1, close) if _is_item(tokens[i])]
+        if any(tokens[i].markup != self.markup for i in items):
+            return None
+        last = items[-1]
+        rendered = _sanitize_items(md.renderer.render(tokens[last:close], md.options, env))
+        if rendered is None:
+            return None
+        before = len(tail) - len(rest)
+        if last > 1:  # items before the last one: final now too
+            items_before = _sanitize_items(md.renderer.render(tokens[1:last], md.options, env))
+            if items_before is None:
+                return None
+            self.html += items_before
+            self.source += rest[: _line_offset(rest, tokens[last].map[0])]
+        html = self.html + rendered + self.close
+        if close == len(tokens) - 1:
+            return html, 0, "", False
+        # Blocks after the list: it has ended. They are rendered as in the whole tail
+        # only from a final boundary on (one that text added cannot reach across).
+        boundary = _last_final_boundary(tokens, rest)
+        if boundary <= close:
+            return None
+        cut = _line_offset(rest, tokens[boundary].map[0])
+        if boundary > close + 1:
+            html += sanitize_html(md.renderer.render(tokens[close + 1 : boundary], md.options, env))
+        tail_html = sanitize_html(md.renderer.render(tokens[boundary:], md.options, env))
+        return tail_html, before + cut, html, _ends_with_paragraph(tokens)
+
+
+# A list item that interrupts a paragraph: a bullet, or the number 1, and content.
+_INTERRUPTING_ITEM = re.compile(r" {0,3}(?:([-+*])|0{0,8}1([.)]))[ \t]+[^ \t\n]")
+
+
+def _ends_with_paragraph(tokens: list) -> bool:
+    return len(tokens) >= 3 and tokens[-3].type == "paragraph_open" and tokens[-3].level == 0
+
+
+def _is_item(token) -> bool:
+    return token.type == "list_item_open" and token.level == 1
+
+
+def _tight(inner: list) -> bool:
+    """Whether a list (its tokens inside) is tight, known from its items' paragraphs:
+    a list with none shows no difference either way, so it cannot be told."""
+    paragraphs = [t for t in inner if t.type == "paragraph_open" and t.level == 2]
+    return bool(paragraphs) and all(t.hidden for t in paragraphs)
+
+
+def _sanitize_items(items: str) -> str | None:
+    """Sanitised list items, parsed in a list as they are in the whole HTML (None: the
+    list did not stay one)."""
+    clean = sanitize_html("<ul>" + items + "</ul>")
+    if not (clean.startswith("<ul>") and clean.endswith("</ul>")):
+        return None
+    return clean[4:-5]
+
+
 # Words (letters and digits) and spaces, and whole bold, italic or code spans of words
 # standing apart from what is around them: nothing markdown or HTML could read another
 # way, or that could change what came before.
@@ -294,6 +524,12 @@ _WORDS = r"[^\W_]++(?: ++[^\W_]++)*+"
 _SPAN = re.compile(rf"\*\*({_WORDS})\*\*|\*({_WORDS})\*|`({_WORDS})`")
 _WORDS_AND_SPANS = re.compile(rf"(?: ++|[^\W_]++|(?<![^ ])(?:{_SPAN.pattern})(?![^ ]))++")
 _SPAN_TAGS = ("strong", "em", "code")
+
+# An item of words (and whole spans of them, as _WORDS_AND_SPANS): a bullet or a number,
+# then spaces (fewer than five: more would start indented code) and its words.
+_WORDS_ITEM = re.compile(
+    rf"(?:([-+*])|\d{{1,9}}([.)])) {{1,4}}(?! )((?:{_WORDS_AND_SPANS.pattern}))"
+)
 
 
 def _span_html(match: re.Match) -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from chat.presentation import markdown
 from chat.presentation.markdown import StreamingMarkdown, render_markdown_uncached
+from tests.fakeopenai import bench_script
 
 # Lines that start, continue and end every kind of block the renderer knows. Link
 # reference definitions are left out: one defined after its use is the documented case
@@ -129,3 +132,119 @@ def test_words_and_whole_spans_after_a_word_are_appended_without_rendering(monke
     monkeypatch.undo()
     assert html == render_markdown_uncached(text)
     assert stream.render(text + "*") == render_markdown_uncached(text + "*")  # syntax: rendered
+
+
+# Lines of lists and of what may follow, end or interrupt one: markers of each kind, empty
+# items, nested items and continuations, blank lines (a loose list), rules and setext
+# underlines, table rows, pipes after a marker.
+LIST_LINES = [
+    "- item", "- two words", "- **bold** and `code`", "* star", "+ plus", "1. one", "1) one",
+    "2. two", "3) three", "01. zero one", "-", "- ", "*", "- -", "- - -", "- |-", "-|-",
+    "  - nested", "   - three spaces", "    - four spaces", "  continued", "lazy line",
+    "para words", "a | b", "|---|---|", "| 1 | 2 |", "---", "===", "***", "", "", "",
+    "> quote", "- > quoted item", "- ```", "  ```", "```", "  code in item", "# Heading",
+    "- [x](http://example.com)", "- <b>raw</b>", "2. - mixed",
+]  # fmt: skip
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    lines=st.lists(st.sampled_from(LIST_LINES), max_size=25),
+    steps=st.lists(st.integers(min_value=1, max_value=25), max_size=60),
+    final_newline=st.booleans(),
+)
+@example(lines=["- a", "- b", "", "- c"], steps=[4, 4, 1, 3], final_newline=False)
+@example(lines=["para", "- a", "- b", "", "after"], steps=[7, 4, 9], final_newline=True)
+@example(lines=["a | b", "- |-"], steps=[9, 1], final_newline=False)
+def test_a_growing_list_renders_as_the_whole_text_would(lines, steps, final_newline):
+    text = "\n".join(lines) + ("\n" if final_newline else "")
+    stream = StreamingMarkdown()
+    end = 0
+    for step in steps:
+        end = min(len(text), end + step)
+        assert stream.render(text[:end]) == render_markdown_uncached(text[:end])
+    assert stream.render(text) == render_markdown_uncached(text)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 10**6), every=st.integers(1, 8))
+def test_the_benchmarks_markdown_replies_render_as_the_whole_text(seed, every):
+    """The replies bench_streams streams (paragraphs interrupted by lists), in pushes of
+    a few model tokens each."""
+    rng = random.Random(seed)
+    pieces = [
+        piece.replace("{t}", str(1764600000000000 + rng.randrange(10**9)))
+        for piece in bench_script(rng.randint(1, 160), markdown=True, stamp=True).tokens
+    ]
+    stream = StreamingMarkdown()
+    text = ""
+    for index, piece in enumerate(pieces, 1):
+        text += piece
+        if index % every == 0:
+            assert stream.render(text) == render_markdown_uncached(text)
+    assert stream.render(text) == render_markdown_uncached(text)
+
+
+def test_a_list_growing_item_by_item_parses_only_its_last_item(monkeypatch):
+    intro = "Steps, in order, with **bold** words and `code` for every one of them."
+    text = intro + "\n" + "\n".join(f"- step {n} of the plan" for n in range(30))
+    stream = StreamingMarkdown()
+    stream.render(text)
+    parsed: list[str] = []
+    md = markdown._markdown()
+    real_parse = md.parse
+    monkeypatch.setattr(
+        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
+    )
+
+    for n in range(30, 35):
+        text += f"\n- step {n}"
+        html = stream.render(text)
+    text += "\n\nAfter the list, a paragraph"
+    html = stream.render(text)
+
+    assert parsed and all(len(source) < 60 for source in parsed), parsed
+    monkeypatch.undo()
+    assert html == render_markdown_uncached(text)
+    assert "<p>" not in html.split("<ul>")[1].split("</ul>")[0]  # still a tight list
+
+
+def test_a_blank_line_between_items_makes_the_streamed_list_loose():
+    stream = StreamingMarkdown()
+    text = "Intro\n- one\n- two\n- three"
+    assert stream.render(text) == render_markdown_uncached(text)
+    for piece in ["\n", "\n", "- four", " more"]:
+        text += piece
+        assert stream.render(text) == render_markdown_uncached(text)
+    assert "<li>\n<p>one</p>\n</li>" in stream.render(text)
+
+
+def test_a_link_reference_in_a_list_applies_to_its_items_while_streaming():
+    text = "Links:\n- [a]: http://example.com/one\n- see [a]\n- [a]: http://example.com/two\n- [a] again"
+    stream = StreamingMarkdown()
+    for end in range(1, len(text) + 1):
+        assert stream.render(text[:end]) == render_markdown_uncached(text[:end])
+    assert 'href="http://example.com/one"' in stream.render(text)
+
+
+def test_new_items_of_words_are_appended_without_rendering(monkeypatch):
+    stream = StreamingMarkdown()
+    text = "Intro words\n- one\n- two"
+    stream.render(text)
+    parsed: list[str] = []
+    md = markdown._markdown()
+    real_parse = md.parse
+    monkeypatch.setattr(
+        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
+    )
+
+    for piece in [" more", "\n- three **bold**", " and", "\n- four `code`", "\n- five"]:
+        text += piece
+        html = stream.render(text)
+
+    assert parsed == []
+    monkeypatch.undo()
+    assert html == render_markdown_uncached(text)
+    for piece in ["\n  - nested", "\n- six", "\n\n- loose now", "\n1. other kind"]:
+        text += piece  # syntax the fast path leaves to the renderer
+        assert stream.render(text) == render_markdown_uncached(text)

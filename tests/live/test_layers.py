@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from copy import deepcopy
 
 import pytest
 from redis.asyncio.client import Pipeline
@@ -40,6 +41,45 @@ async def test_each_member_gets_its_own_copy():
     await layer.group_send("g", {"type": "x", "items": [1]})
     (await layer.receive(first))["items"].append(2)
     assert (await layer.receive(second))["items"] == [1]
+
+
+async def test_a_message_sent_is_the_senders_no_more():
+    layer = LeanInMemoryChannelLayer()
+    channel = await layer.new_channel()
+    await layer.group_add("g", channel)
+    speakers = ["Ada"]
+    nested = {"events": [{"seq": 1}]}
+    message = {"type": "x", "text": "hi", "round": 2, "speakers": speakers}
+    await layer.group_send("g", message)
+    await layer.group_send("g", {"type": "y", **nested})
+    message["text"] = "changed"
+    speakers.append("Maya")
+    nested["events"][0]["seq"] = 9
+
+    assert await layer.receive(channel) == {
+        "type": "x",
+        "text": "hi",
+        "round": 2,
+        "speakers": ["Ada"],
+    }
+    assert await layer.receive(channel) == {"type": "y", "events": [{"seq": 1}]}
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "chat.stream", "text": "a", "round": 1, "at": 1.5, "none": None, "b": b"x"},
+        {"type": "x", "speakers": ["Ada", "Maya"], "tags": []},
+        {"type": "x", "events": [{"seq": 1, "kind": "msg"}], "pair": (1, [2])},
+        {"type": "x", "nested": [["a"]]},
+    ],
+)
+def test_a_copied_message_equals_its_deep_copy_and_shares_nothing_mutable(message):
+    copy = layers.copy_message(message)
+    assert copy == deepcopy(message) and copy is not message
+    for key, value in message.items():
+        if isinstance(value, (list, dict, tuple)):
+            assert copy[key] is not value or value == ()
 
 
 async def test_a_full_channel_misses_the_message_and_the_others_still_get_it():
