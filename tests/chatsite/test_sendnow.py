@@ -224,7 +224,18 @@ def _app():
     sendnow.install()
 
     async def app(scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            await send({"type": "websocket.accept"})
+            if scope["path"] == "/ws-big":  # 4 MiB in 64 KiB messages, the client closes
+                for i in range(64):
+                    await send({"type": "websocket.send", "bytes": bytes([i]) * 65536})
+                await receive()  # (a close started by a server waits only a second for
+                return  # the client's answer, then resets: not what this test is about)
+            else:
+                for i in range(2000):
+                    await send({"type": "websocket.send", "text": f"{i:06d}"})
+            await send({"type": "websocket.close"})
             return
         await receive()
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -298,3 +309,45 @@ def test_many_small_writes_arrive_in_order(daphne_port):
 def test_a_client_that_stops_reading_loses_nothing(daphne_port):
     assert fetch(daphne_port, "/flood", pause=1.0) == PATTERN * 32 + b"END"
     assert fetch(daphne_port, "/many").endswith(b"002999\nEND")  # and the server goes on
+
+
+def websocket_messages(port: int, path: str, pause: float = 0.0, count: int = -1) -> list[bytes]:
+    """A hand-written WebSocket client: the server's messages until its close frame
+    (or ``count`` of them)."""
+    with socket.create_connection(("127.0.0.1", port)) as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        client.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        if pause:
+            time.sleep(pause)
+        client.settimeout(10)
+        stream = client.makefile("rb")
+        status = stream.readline()
+        assert b" 101 " in status, status
+        while stream.readline() not in (b"\r\n", b""):
+            pass
+        messages: list[bytes] = []
+        while len(messages) != count:
+            first, second = stream.read(2)
+            size = second & 0x7F
+            if size == 126:
+                size = struct.unpack("!H", stream.read(2))[0]
+            elif size == 127:
+                size = struct.unpack("!Q", stream.read(8))[0]
+            payload = stream.read(size)
+            if first & 0x0F == 8:  # close
+                return messages
+            messages.append(payload)
+        return messages
+
+
+def test_websocket_messages_arrive_in_order(daphne_port):
+    assert websocket_messages(daphne_port, "/ws") == [b"%06d" % i for i in range(2000)]
+
+
+def test_a_websocket_client_that_stops_reading_loses_nothing(daphne_port):
+    messages = websocket_messages(daphne_port, "/ws-big", pause=1.0, count=64)
+    assert messages == [bytes([i]) * 65536 for i in range(64)]
