@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from unittest import mock
 
 import httpx
 import pytest
@@ -222,3 +223,17 @@ def test_fifty_parallel_clients_against_a_budget_of_ten_with_redis(relay_with_re
     while client.hget(key, "held") != b"0" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert client.hgetall(key) == {b"used": str(10 * COST).encode(), b"held": b"0"}
+
+
+def test_a_new_redis_connection_reads_no_package_metadata(redis_limits):
+    """redis-py would look its version up for each new connection (a burst of admissions
+    opens many); the client gives it once."""
+    client = limits.redis_client(redis_limits.REDIS_URL)
+    with mock.patch("importlib.metadata.version", side_effect=AssertionError("metadata read")):
+        connection = client.connection_pool.make_connection()
+        try:
+            connection.connect()
+            connection.send_command("PING")
+            assert connection.read_response() in (b"PONG", "PONG", True)
+        finally:
+            connection.disconnect()
