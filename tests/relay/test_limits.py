@@ -237,3 +237,12 @@ def test_a_new_redis_connection_reads_no_package_metadata(redis_limits):
             assert connection.read_response() in (b"PONG", "PONG", True)
         finally:
             connection.disconnect()
+
+
+@pytest.mark.django_db
+def test_two_hundred_admissions_answered_later_at_once(redis_limits, alice):
+    """Each holds a Redis connection until read: more than redis-py's default pool of 100."""
+    policies = [limits.Policy(f"user:{alice.pk}", 60000, 1000, 0)]
+    pending = [limits.admit_later(policies, 1) for _ in range(200)]
+    results = [p.result() for p in pending if p is not None]
+    assert len(results) == 200 and all(isinstance(r, limits.Admission) for r in results)
