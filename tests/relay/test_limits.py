@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from unittest import mock
 
 import httpx
 import pytest
@@ -222,3 +223,26 @@ def test_fifty_parallel_clients_against_a_budget_of_ten_with_redis(relay_with_re
     while client.hget(key, "held") != b"0" and time.monotonic() < deadline:
         time.sleep(0.05)
     assert client.hgetall(key) == {b"used": str(10 * COST).encode(), b"held": b"0"}
+
+
+def test_a_new_redis_connection_reads_no_package_metadata(redis_limits):
+    """redis-py would look its version up for each new connection (a burst of admissions
+    opens many); the client gives it once."""
+    client = limits.redis_client(redis_limits.REDIS_URL)
+    with mock.patch("importlib.metadata.version", side_effect=AssertionError("metadata read")):
+        connection = client.connection_pool.make_connection()
+        try:
+            connection.connect()
+            connection.send_command("PING")
+            assert connection.read_response() in (b"PONG", "PONG", True)
+        finally:
+            connection.disconnect()
+
+
+@pytest.mark.django_db
+def test_two_hundred_admissions_answered_later_at_once(redis_limits, alice):
+    """Each holds a Redis connection until read: more than redis-py's default pool of 100."""
+    policies = [limits.Policy(f"user:{alice.pk}", 60000, 1000, 0)]
+    pending = [limits.admit_later(policies, 1) for _ in range(200)]
+    results = [p.result() for p in pending if p is not None]
+    assert len(results) == 200 and all(isinstance(r, limits.Admission) for r in results)
