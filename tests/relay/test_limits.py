@@ -341,3 +341,44 @@ def test_redis_unreachable_answers_503_and_leaves_a_failed_record(
     ]
     assert all(r.error.startswith("limits unavailable") and r.total_tokens == 0 for r in records)
     assert relay.upstream.chat_requests() == []
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_request_gone_while_redis_answers_leaves_a_record_and_gives_back(
+    relay_settings, redis_limits, relay_data, alice
+):
+    """Cancelled while its admission is on its way: the answer is still taken, the request
+    recorded as cancelled, and the tokens its admission held given back."""
+    import redis
+
+    from chat.apikeys import authenticate_api_key
+    from chat.relay import service, writer
+
+    _provider, raw = relay_data
+    await sync_to_async(RelayLimit.objects.create)(user=alice, monthly_tokens=10_000)
+    api_key = await sync_to_async(authenticate_api_key)(raw)
+    admin = redis.Redis.from_url(redis_limits.REDIS_URL)
+    budget = f"{redis_limits.LYCEUM_REDIS_PREFIX}:relay:budget:user:{alice.pk}:{limits.period_of()}"
+    admin.hset(budget, mapping={"used": 0, "held": 0})  # seeded: admitted in the event loop
+    body = {"model": "gpt-relay", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+    admin.client_pause(5000, all=False)  # the admission script waits in Redis
+    try:
+        task = asyncio.ensure_future(service.prepared(api_key, dict(body)))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert _budget(redis_limits, alice) == {b"used": b"0", b"held": b"0"}  # still paused
+    finally:
+        admin.client_unpause()
+    deadline = time.monotonic() + 5
+    while writer.writer.pending() == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await sync_to_async(writer.flush)()
+    (record,) = [r async for r in UsageRecord.objects.filter(user=alice)]
+    assert (record.status, record.error) == ("cancelled", "the client disconnected")
+    assert _budget(redis_limits, alice) == {
+        b"used": str(record.total_tokens).encode(),
+        b"held": b"0",
+    }
