@@ -3,8 +3,8 @@
 An admission is one ``EVALSHA`` of the limits' script (``limits._ADMIT``). With redis-py's
 synchronous client each admission starting while others waited for their answers took a
 connection of its own: a burst of a hundred requests opened a hundred connections, each
-with four blocking round trips in the event loop (``HELLO``, ``CLIENT SETINFO`` twice,
-``CLIENT MAINT_NOTIFICATIONS``) and about 0.3 ms of CPU. Here the commands are written as
+with four blocking round trips of set-up commands in the event loop and about 0.3 ms of
+CPU. Here the commands are written as
 they come, one after the other on one connection (asyncio's transport, so nothing blocks
 the loop), and the protocol reads the answers in order and hands each to the callback
 that sent its command. Redis runs each script atomically and in the order sent, so the
