@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels consumers."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -41,3 +42,9 @@ application = ProtocolTypeRouter(
         "channel": ChannelNameRouter(channel_routes),
     }
 )
+
+# What the process set up to serve (modules, models, URL patterns, the app) lives as long as
+# it does: frozen out of the collector's reach, a full collection walks only what was made
+# since. Unfrozen, one took 35-67 ms of the event loop here (bench_relay.py, 100 streams).
+gc.collect()
+gc.freeze()

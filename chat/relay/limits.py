@@ -24,7 +24,9 @@ retries), :func:`reset` it, or :func:`give_back` a request that turned out fine.
 
 from __future__ import annotations
 
+import asyncio
 import calendar
+import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ from django.db.models.functions import Least
 from django.utils.translation import gettext_noop
 
 from chat.models import RelayLimit, UsageCounter, UsageRecord
-from chat.relay import ttlcache
+from chat.relay import redisline, ttlcache
 
 
 @dataclass(frozen=True)
@@ -393,10 +395,10 @@ def redis_client(url: str) -> Any:
     The library's version given once: left out, redis-py looks its own version up in the
     installed packages' metadata for every new connection (about 0.4 ms of CPU each; a
     burst of a hundred relay admissions opens a hundred), then sends the same value.
-    A relay admission holds its connection until its answer is read (:class:`Pending`),
-    so as many connections as requests starting at once: redis-py's default of 100 made
-    the 101st concurrent request fail (``MaxConnectionsError``); the cap is Redis's own
-    default ``maxclients``.
+    Threads may hold many connections at once (the database thread, the chat's own
+    threads); the cap is Redis's own default ``maxclients`` rather than redis-py's 100.
+    The relay's admissions in the event loop do not use this client
+    (:class:`Pending`, ``chat/relay/redisline.py``).
     """
     import redis
     from redis.driver_info import DriverInfo
@@ -457,66 +459,92 @@ def _admitted(result: Any) -> bool:
 
 
 class Pending:
-    """A relay admission sent to Redis whose answer is read later (:meth:`result`).
+    """A relay admission sent to Redis whose answer comes later (:meth:`result`).
 
-    The script is sent at once and its answer read only when the caller has done
-    something else meanwhile (the relay connects to its upstream): Redis's round trip
-    and the connect overlap instead of following each other. The answer must be read
-    whatever happens in between, else it would be taken as the next command's.
+    The script is written at once on this event loop's one connection to Redis
+    (``chat/relay/redisline.py``, pipelined with every other admission waiting for its
+    answer) and the caller does something else meanwhile (the relay connects to its
+    upstream): Redis's round trip and the connect overlap. The answer is taken in
+    whatever happens in between, so a caller that gives up can still learn what it was
+    given (:meth:`add_done_callback`).
     """
 
-    def __init__(self, policies: list[Policy], cost: int) -> None:
+    def __init__(self, connection: Any, policies: list[Policy], cost: int) -> None:
         self.policies, self.cost = policies, cost
         self.period = period_of()
         self._keys, self._args = _script_keys_args(policies, self.period, cost, True, True)
-        self._client = _redis()
-        self._script = _admit_script(settings.REDIS_URL)
-        pool = self._client.connection_pool
-        self._connection: Any = pool.get_connection()
-        try:
-            self._connection.send_command(
-                "EVALSHA", self._script.sha, len(self._keys), *self._keys, *self._args
-            )
-        except BaseException:
-            self._release(broken=True)
-            raise
+        self._connection = connection
+        self._reply: Any = None
+        self._done = False
+        self._waiter: Any = None
+        self._callbacks: list[Any] = []
+        self._send(b"EVALSHA", _ADMIT_SHA)
 
-    def _release(self, broken: bool = False) -> None:
-        connection, self._connection = self._connection, None
-        if connection is None:
+    def _send(self, command: bytes, script: bytes) -> None:
+        payload = redisline.encode(command, script, len(self._keys), *self._keys, *self._args)
+        self._connection.send(payload, self._answered)
+
+    def _answered(self, reply: Any) -> None:
+        if isinstance(reply, redisline.ReplyError) and str(reply).startswith("NOSCRIPT"):
+            self._send(b"EVAL", _ADMIT.encode())  # Redis lost its scripts; nothing was run
             return
-        if broken:
-            connection.disconnect()
-        self._client.connection_pool.release(connection)
+        self._reply, self._done = reply, True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
 
-    def result(self) -> Admission | None:
-        """The admission, :class:`Refused`, or None: a budget not in Redis yet (nothing
-        was taken; the caller admits the usual way, which seeds it)."""
-        import redis
+    def done(self) -> bool:
+        return self._done
 
-        if self._connection is None:
-            raise RuntimeError("the admission's answer was already read")
-        try:
-            result = self._connection.read_response()
-        except redis.exceptions.NoScriptError:  # Redis lost its scripts: the usual way
-            self._release()
-            result = self._script(keys=self._keys, args=self._args)
-        except BaseException:
-            self._release(broken=True)
-            raise
+    def add_done_callback(self, callback: Any) -> None:
+        """``callback(self)`` once the answer is in (now, when it is)."""
+        if self._done:
+            callback(self)
         else:
-            self._release()
-        if _admitted(result):
+            self._callbacks.append(callback)
+
+    async def result(self) -> Admission | None:
+        """The admission, :class:`Refused`, :class:`Unavailable`, or None: a budget not in
+        Redis yet (nothing was taken; the caller admits the usual way, which seeds it)."""
+        if not self._done:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self.answer()
+
+    def answer(self) -> Admission | None:
+        """:meth:`result` once :meth:`done`."""
+        if not self._done:
+            raise RuntimeError("the admission is not answered yet")
+        reply = self._reply
+        if isinstance(reply, redisline.Unavailable):
+            raise Unavailable(str(reply))
+        if isinstance(reply, redisline.ReplyError) or not isinstance(reply, list) or not reply:
+            raise Unavailable(f"Redis answered the admission with an error: {reply}")
+        if _admitted(reply):
             return Admission(self.policies, self.period, self.cost)
         return None
 
 
+class Unavailable(Exception):
+    """The limits could not be checked (Redis or the database unreachable or failing):
+    nothing is known of what was taken. The relay answers 503 and records the request."""
+
+
+_ADMIT_SHA = hashlib.sha1(_ADMIT.encode()).hexdigest().encode()  # noqa: S324 - Redis's own id
+
+
 def admit_later(policies: list[Policy], cost: int) -> Pending | None:
-    """:func:`admit` (take and hold) started now and answered by ``Pending.result()``,
-    when the limits are in Redis; else None (admit the usual way)."""
+    """:func:`admit` (take and hold) started now (call from the event loop) and answered
+    by ``Pending.result()``, when the limits are in Redis at a ``redis://`` or ``unix://``
+    URL; else None (admit the usual way)."""
     if not settings.REDIS_URL:
         return None
-    return Pending(policies, cost)
+    connection = redisline.line_for(settings.REDIS_URL)
+    if connection is None:
+        return None
+    return Pending(connection, policies, cost)
 
 
 def _redis_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: bool) -> None:

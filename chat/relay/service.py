@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils.translation import gettext
+from redis.exceptions import RedisError
 
 from chat import throttle
 from chat.apikeys import authenticate_api_key, hash_key
@@ -261,6 +263,8 @@ def prepare(api_key: ApiKey, data: dict[str, Any], *, admit: bool = True) -> Pre
             admitted(prep, limits.admit(policies, cost))
         except limits.Refused as exc:
             raise _refused(prep, exc) from None
+        except (RedisError, DatabaseError, OSError) as exc:
+            raise _unavailable(prep, exc) from None
     return prep
 
 
@@ -280,6 +284,40 @@ def _refused(prep: Prepared, exc: limits.Refused) -> RelayError:
         "rate_limit_error" if exc.reason == "rate_limit" else "insufficient_quota",
         "rate_limit_exceeded" if exc.reason == "rate_limit" else "insufficient_quota",
         retry_after=exc.retry_after,
+    )
+
+
+UNAVAILABLE_RETRY_AFTER = 2  # seconds
+
+
+def _unavailable(prep: Prepared, exc: BaseException) -> RelayError:
+    """The limits could not be checked: a failed record (nothing reached the upstream, no
+    tokens counted) and a 503 the SDKs retry after ``Retry-After``."""
+    logger.warning("relay admission failed: %s: %s", type(exc).__name__, exc)
+    writer.add(
+        Item(_unserved_record(prep, "failed", 503, f"limits unavailable ({type(exc).__name__})"))
+    )
+    return RelayError(
+        503,
+        "The relay could not check your limits just now; retry shortly.",
+        "api_error",
+        "limits_unavailable",
+        retry_after=UNAVAILABLE_RETRY_AFTER,
+    )
+
+
+def _unserved_record(prep: Prepared, status: str, http_status: int, error: str) -> UsageRecord:
+    return UsageRecord(
+        user=prep.user,
+        api_key=prep.api_key,
+        model=prep.model[:200],
+        stream=prep.stream,
+        status=status,
+        http_status=http_status,
+        error=error[:200],
+        session_key=prep.session_key,
+        agent_id=prep.agent_id,
+        latency_ms=int((time.monotonic() - prep.started) * 1000),
     )
 
 
@@ -819,13 +857,14 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             break
         try:
             await client().warm(f"{prep.upstream.base_url}/chat/completions")
-        except BaseException:  # cancelled: Redis's answer is read, what it took given back
-            admission = _answer(pending, prep)
-            if admission is not None:
-                admitted(prep, admission)
-                finish(prep, Outcome(status="cancelled", error="the client disconnected"))
+            admission = await pending.result()
+        except limits.Refused as exc:
+            raise _refused(prep, exc) from None
+        except limits.Unavailable as exc:
+            raise _unavailable(prep, exc) from None
+        except BaseException:  # cancelled: recorded, and what it took given back, once answered
+            pending.add_done_callback(functools.partial(_abandoned, prep))
             raise
-        admission = _answer(pending, prep)
         if admission is None:
             break  # a budget to seed from the records: the database thread's work
         admitted(prep, admission)
@@ -833,11 +872,19 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     return await database_sync_to_async(prepare)(api_key, data)
 
 
-def _answer(pending: limits.Pending, prep: Prepared) -> limits.Admission | None:
+def _abandoned(prep: Prepared, pending: limits.Pending) -> None:
+    """The request went away while its admission was on its way: one record, and what the
+    admission took given back (settled with the record)."""
     try:
-        return pending.result()
+        admission = pending.answer()
     except limits.Refused as exc:
-        raise _refused(prep, exc) from None
+        _refused(prep, exc)
+        return
+    except limits.Unavailable:
+        admission = None
+    if admission is not None:
+        admitted(prep, admission)
+    finish(prep, Outcome(status="cancelled", error="the client disconnected"))
 
 
 def list_models() -> list[dict[str, Any]]:

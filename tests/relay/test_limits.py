@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 from unittest import mock
 
 import httpx
 import pytest
+from asgiref.sync import sync_to_async
 
 from chat.core.tokens import estimate_tokens
 from chat.llm.wire import messages_from_openai
 from chat.models import RelayLimit, Run, UsageCounter, UsageRecord
-from chat.relay import limits
+from chat.relay import limits, redisline
 from tests.fakeopenai import Script
 from tests.relay.conftest import wait_for_records
 
@@ -69,11 +73,11 @@ def _limits_in_redis(settings):
     """The limits in Redis under a prefix of their own, deleted afterwards."""
     import redis
 
-    settings.REDIS_URL = "redis://127.0.0.1:6379/0"
-    settings.LYCEUM_REDIS_PREFIX = f"test-relay-{uuid.uuid4().hex[:8]}"
+    url = settings.REDIS_URL = "redis://127.0.0.1:6379/0"
+    prefix = settings.LYCEUM_REDIS_PREFIX = f"test-relay-{uuid.uuid4().hex[:8]}"
     yield settings
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    for key in client.scan_iter(f"{settings.LYCEUM_REDIS_PREFIX}:*"):
+    client = redis.Redis.from_url(url)
+    for key in client.scan_iter(f"{prefix}:*"):
         client.delete(key)
 
 
@@ -149,51 +153,66 @@ def test_chat_runs_count_against_the_same_budget(alice, settings):
     assert caught.value.code == "over_budget"
 
 
-def _pending_many(policies, cost: int, count: int = 50) -> list[limits.Admission | None]:
-    def one(_: int) -> limits.Admission | None:
-        pending = limits.admit_later(policies, cost)
-        assert pending is not None
+async def _pending_many(policies, cost: int, count: int = 50) -> list[limits.Admission | None]:
+    """``count`` admissions sent at once from one event loop (one pipelined connection)."""
+
+    async def answer(pending: limits.Pending) -> limits.Admission | None:
         try:
-            return pending.result()
+            return await pending.result()
         except limits.Refused:
             return None
 
-    with ThreadPoolExecutor(count) as pool:
-        return list(pool.map(one, range(count)))
+    pendings = [limits.admit_later(policies, cost) for _ in range(count)]
+    assert all(p is not None for p in pendings)
+    return list(await asyncio.gather(*(answer(p) for p in pendings if p is not None)))
 
 
-@pytest.mark.django_db
-def test_an_admission_answered_later_holds_a_budget_of_ten(redis_limits, alice):
-    policies = [limits.Policy(f"user:{alice.pk}", 6000, 1000, 10 * 7)]
-    pending = limits.admit_later(policies, 7)
-    assert pending is not None and pending.result() is None  # no budget in Redis: seed first
-    limits.admit(policies, 7)  # the usual way seeds it (and takes one)
-    admitted = [a for a in _pending_many(policies, 7) if a is not None]
-    assert len(admitted) == 9
+def _budget(settings, user) -> dict[Any, Any]:
     import redis
 
-    client = redis.Redis.from_url(redis_limits.REDIS_URL)
-    key = f"{redis_limits.LYCEUM_REDIS_PREFIX}:relay:budget:user:{alice.pk}:{limits.period_of()}"
-    assert client.hgetall(key) == {b"used": b"0", b"held": b"70"}
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    key = f"{settings.LYCEUM_REDIS_PREFIX}:relay:budget:user:{user.pk}:{limits.period_of()}"
+    return client.hgetall(key)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_admission_answered_later_holds_a_budget_of_ten(redis_limits, alice):
+    policies = [limits.Policy(f"user:{alice.pk}", 6000, 1000, 10 * 7)]
+    pending = limits.admit_later(policies, 7)
+    assert pending is not None and await pending.result() is None  # no budget: seed first
+    await sync_to_async(limits.admit)(policies, 7)  # the usual way seeds it (and takes one)
+    admitted = [a for a in await _pending_many(policies, 7) if a is not None]
+    assert len(admitted) == 9
+    assert _budget(redis_limits, alice) == {b"used": b"0", b"held": b"70"}
 
 
 @pytest.mark.django_db
-def test_an_admission_answered_later_survives_a_script_flush(redis_limits, alice):
+async def test_fifty_admissions_on_one_connection_against_a_burst_of_ten(redis_limits, alice):
+    policies = [limits.Policy(f"user:{alice.pk}", 1, 10, 0)]
+    results = await _pending_many(policies, 5)
+    assert len([a for a in results if a is not None]) == 10
+
+
+@pytest.mark.django_db
+async def test_an_admission_answered_later_survives_a_script_flush(redis_limits, alice):
     import redis
 
     policies = [limits.Policy(f"user:{alice.pk}", 1, 2, 0)]
     redis.Redis.from_url(redis_limits.REDIS_URL).script_flush()
+    pendings = [limits.admit_later(policies, 0) for _ in range(3)]
     results = []
-    for _ in range(3):
-        pending = limits.admit_later(policies, 0)
+    for pending in pendings:
         assert pending is not None
         try:
-            results.append(pending.result())
+            results.append(await pending.result())
         except limits.Refused as exc:
             results.append(exc.reason)
     assert isinstance(results[0], limits.Admission) and isinstance(results[1], limits.Admission)
     assert results[2] == "rate_limit"
-    assert limits._redis().ping()  # the connection is still in step with its answers
+    after = limits.admit_later(policies, 0)  # the connection is still in step with its answers
+    assert after is not None
+    with pytest.raises(limits.Refused):
+        await after.result()
 
 
 @pytest.fixture
@@ -240,9 +259,126 @@ def test_a_new_redis_connection_reads_no_package_metadata(redis_limits):
 
 
 @pytest.mark.django_db
-def test_two_hundred_admissions_answered_later_at_once(redis_limits, alice):
-    """Each holds a Redis connection until read: more than redis-py's default pool of 100."""
+async def test_two_hundred_admissions_answered_later_at_once(redis_limits, alice):
     policies = [limits.Policy(f"user:{alice.pk}", 60000, 1000, 0)]
-    pending = [limits.admit_later(policies, 1) for _ in range(200)]
-    results = [p.result() for p in pending if p is not None]
+    results = await _pending_many(policies, 1, 200)
     assert len(results) == 200 and all(isinstance(r, limits.Admission) for r in results)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again when the block ends
+
+
+@pytest.mark.django_db
+async def test_an_admission_with_redis_unreachable_is_unavailable(redis_limits, alice):
+    redis_limits.REDIS_URL = f"redis://127.0.0.1:{_closed_port()}/0"
+    pending = limits.admit_later([limits.Policy(f"user:{alice.pk}", 60, 10, 0)], 1)
+    assert pending is not None
+    with pytest.raises(limits.Unavailable):
+        await pending.result()
+
+
+@pytest.mark.django_db
+async def test_admissions_on_a_killed_connection_are_unavailable_and_the_next_reconnects(
+    redis_limits, alice
+):
+    import redis
+
+    admin = redis.Redis.from_url(redis_limits.REDIS_URL)
+    policies = [limits.Policy(f"user:{alice.pk}", 60000, 1000, 0)]
+    first = limits.admit_later(policies, 1)
+    assert first is not None and isinstance(await first.result(), limits.Admission)
+    line = redisline.line_for(redis_limits.REDIS_URL)._line  # type: ignore[union-attr]
+    host, port = line.transport.get_extra_info("sockname")[:2]
+    address = f"{host}:{port}"
+    admin.client_pause(3000, all=False)  # write commands (the admission script) wait
+    try:
+        waiting = [limits.admit_later(policies, 1) for _ in range(5)]
+        await asyncio.sleep(0.1)
+        assert not any(p.done() for p in waiting if p is not None)
+        assert admin.client_kill_filter(_type=None, addr=address) == 1
+        for pending in waiting:
+            assert pending is not None
+            with pytest.raises(limits.Unavailable):
+                await pending.result()
+    finally:
+        admin.client_unpause()
+    again = limits.admit_later(policies, 1)
+    assert again is not None and isinstance(await again.result(), limits.Admission)
+
+
+@pytest.fixture
+def relay_with_redis_unreachable(relay_settings):
+    """The relay's limits in a Redis that is not there (set before the live server forks)."""
+    relay_settings.REDIS_URL = f"redis://127.0.0.1:{_closed_port()}/0"
+    return relay_settings
+
+
+@pytest.mark.django_db(transaction=True)
+def test_redis_unreachable_answers_503_and_leaves_a_failed_record(
+    relay_with_redis_unreachable, relay
+):
+    import openai
+
+    headers = {"Authorization": f"Bearer {relay.key}"}
+    for stream in (False, True):
+        body = {"model": "gpt-relay", "messages": MESSAGES, "stream": stream}
+        response = httpx.post(f"{relay.url}/chat/completions", json=body, headers=headers)
+        assert response.status_code == 503
+        assert int(response.headers["Retry-After"]) >= 1
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("api_error", "limits_unavailable")
+        assert set(error) == {"message", "type", "code"}
+    with pytest.raises(openai.InternalServerError):
+        relay.client().chat.completions.create(model="gpt-relay", messages=MESSAGES)
+    records = wait_for_records(3)
+    assert [(r.status, r.http_status, r.stream) for r in records] == [
+        ("failed", 503, False),
+        ("failed", 503, True),
+        ("failed", 503, False),
+    ]
+    assert all(r.error.startswith("limits unavailable") and r.total_tokens == 0 for r in records)
+    assert relay.upstream.chat_requests() == []
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_request_gone_while_redis_answers_leaves_a_record_and_gives_back(
+    relay_settings, redis_limits, relay_data, alice
+):
+    """Cancelled while its admission is on its way: the answer is still taken, the request
+    recorded as cancelled, and the tokens its admission held given back."""
+    import redis
+
+    from chat.apikeys import authenticate_api_key
+    from chat.relay import service, writer
+
+    _provider, raw = relay_data
+    await sync_to_async(RelayLimit.objects.create)(user=alice, monthly_tokens=10_000)
+    api_key = await sync_to_async(authenticate_api_key)(raw)
+    admin = redis.Redis.from_url(redis_limits.REDIS_URL)
+    budget = f"{redis_limits.LYCEUM_REDIS_PREFIX}:relay:budget:user:{alice.pk}:{limits.period_of()}"
+    admin.hset(budget, mapping={"used": 0, "held": 0})  # seeded: admitted in the event loop
+    body = {"model": "gpt-relay", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+    admin.client_pause(5000, all=False)  # the admission script waits in Redis
+    try:
+        task = asyncio.ensure_future(service.prepared(api_key, dict(body)))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert _budget(redis_limits, alice) == {b"used": b"0", b"held": b"0"}  # still paused
+    finally:
+        admin.client_unpause()
+    deadline = time.monotonic() + 5
+    while writer.writer.pending() == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await sync_to_async(writer.flush)()
+    (record,) = [r async for r in UsageRecord.objects.filter(user=alice)]
+    assert (record.status, record.error) == ("cancelled", "the client disconnected")
+    assert _budget(redis_limits, alice) == {
+        b"used": str(record.total_tokens).encode(),
+        b"held": b"0",
+    }
