@@ -853,8 +853,8 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             await ttlcache.fill(("warm", miss.key), warm, keep=False)
             continue
         pending = limits.admit_later(prep.policies, prep.cost)
-        if pending is None:
-            break
+        if pending is None:  # the limits in the database
+            return await _admitted_by_database(api_key, data, prep.upstream.base_url)
         try:
             await client().warm(f"{prep.upstream.base_url}/chat/completions")
             admission = await pending.result()
@@ -870,6 +870,16 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
         admitted(prep, admission)
         return prep
     return await database_sync_to_async(prepare)(api_key, data)
+
+
+async def _admitted_by_database(api_key: ApiKey, data: dict[str, Any], base_url: str) -> Prepared:
+    """The whole of :func:`prepare` on the database thread (its admission a locked
+    transaction), the upstream connected meanwhile: the two overlap, as with Redis."""
+    from channels.db import database_sync_to_async
+
+    admitting = asyncio.ensure_future(database_sync_to_async(prepare)(api_key, data))
+    await client().warm(f"{base_url}/chat/completions")
+    return await admitting
 
 
 def _abandoned(prep: Prepared, pending: limits.Pending) -> None:
