@@ -132,11 +132,9 @@ print(create_api_key(user)[1])
     return env, out.stdout.strip().splitlines()[-1]
 
 
-def start_daphne(
-    env: dict[str, str], nodelay: bool, profile: str = ""
-) -> tuple[subprocess.Popen[str], int]:
+def start_daphne(env: dict[str, str], profile: str = "") -> tuple[subprocess.Popen[str], int]:
     port = _free_port()
-    launcher = [PY, str(ROOT / "bench" / "daphne_nodelay.py")] if nodelay else [PY, "-m", "daphne"]
+    launcher = [PY, "-m", "daphne"]
     if profile:  # cProfile of the event loop's thread, written when Daphne stops (SIGINT)
         launcher = [PY, "-m", "cProfile", "-o", profile, *launcher[1:]]
     popen = subprocess.Popen(
@@ -226,7 +224,6 @@ def main() -> None:
     parser.add_argument(
         "--redis", default="", help="REDIS_URL for the relay's limits (default: the database)"
     )
-    parser.add_argument("--nodelay", action="store_true", help="Daphne with TCP_NODELAY")
     parser.add_argument(
         "--profile", default="", metavar="OUT", help="run Daphne under cProfile, stats to OUT"
     )
@@ -252,11 +249,8 @@ def main() -> None:
     db = tempfile.mktemp(prefix="bench-relay-", suffix=".sqlite3")
     env, key = setup_relay(fake_port, db, args.redis)
     print(f"relay limits in {'Redis' if args.redis else 'the database (SQLite)'}")
-    daphne, relay_port = start_daphne(env, args.nodelay, args.profile)
-    print(
-        f"Daphne {'via bench/daphne_nodelay.py' if args.nodelay else 'as shipped'}"
-        " (TCP_NODELAY: chatsite/nodelay.py, installed by chatsite/asgi.py)"
-    )
+    daphne, relay_port = start_daphne(env, args.profile)
+    print("Daphne as shipped (TCP_NODELAY: set by Twisted's HTTPChannel on every connection)")
     targets = {
         "direct": (fake_port, "/v1/chat/completions", "fake-model", None),
         "pipe": (pipe_port, "/v1/chat/completions", "fake-model", pipe.pid),

@@ -10,11 +10,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 django_asgi_app = get_asgi_application()
 
 from chatsite.backlog import install as install_backlog  # noqa: E402
-from chatsite.nodelay import install as install_nodelay  # noqa: E402
 from chatsite.postforms import install as install_postforms  # noqa: E402
 from chatsite.sendnow import install as install_sendnow  # noqa: E402
 
-install_nodelay()
 install_backlog()
 install_postforms()
 install_sendnow()

@@ -5,7 +5,7 @@ Twisted's ``http.Request`` parses the body of every POST with a Content-Type int
 ``parse_qs`` or the multipart parser) before Daphne sees the request. Daphne hands the
 raw body to the ASGI app and never reads ``args``, so that is work thrown away on every
 POST: about 0.15 ms of CPU per relay request, and a second parse of every form Django
-parses anyway. ``install()`` is called by ``chatsite/asgi.py``, like ``nodelay.py``.
+parses anyway. ``install()`` is called by ``chatsite/asgi.py``, like ``sendnow.py``.
 """
 
 from __future__ import annotations

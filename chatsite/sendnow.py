@@ -17,7 +17,7 @@ reactor's next ``doWrite`` meets it and loses the connection the usual way (neve
 protocol callback from inside a ``write``). TLS endpoints are not touched: their
 transport is Twisted's TLS protocol, not a TCP ``Server``.
 
-``install()`` is called by ``chatsite/asgi.py`` (as ``nodelay.py``); it patches Daphne's
+``install()`` is called by ``chatsite/asgi.py`` (as ``postforms.py``); it patches Daphne's
 HTTP factory once, and each accepted plain TCP connection becomes a :class:`SendNow`.
 """
 

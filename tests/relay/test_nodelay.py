@@ -1,4 +1,5 @@
-"""Daphne's accepted connections have TCP_NODELAY on (the app installs it, not a launcher)."""
+"""Daphne's accepted connections have TCP_NODELAY on (Twisted's HTTPChannel sets it; with
+Nagle on, a small write behind an unacknowledged one waits for the delayed ACK: 40 ms)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ def test_an_accepted_connection_has_nagle_off():
     from daphne.http_protocol import HTTPFactory
     from twisted.internet import reactor, tcp
 
-    import chatsite.asgi  # noqa: F401 - installs chatsite.nodelay
+    import chatsite.asgi  # noqa: F401 - the app's own installs (sendnow) on the same path
 
     listener = socket.create_server(("127.0.0.1", 0))
     client = socket.create_connection(listener.getsockname())
