@@ -272,19 +272,12 @@ class ChunkDecoder:
         self.done = False
 
     def decode(self, events: Iterable[SSEEvent]) -> list[dict[str, Any]]:
-        chunks: list[dict[str, Any]] = []
-        for event in events:
-            if self.done:
-                break
-            chunk = self._decode_one(event)
-            if chunk is not None:
-                chunks.append(chunk)
-        return chunks
+        return list(self.decode_each(events))
 
     def decode_each(self, events: Iterable[SSEEvent]) -> Iterator[dict[str, Any]]:
-        """:meth:`decode`, lazily: the chunks before a failing event are yielded before it
-        raises. One network read may carry a few tokens and then an error; the tokens were
-        sent, and the caller must see them (and know the reply had started)."""
+        """The events' chunks, lazily: the chunks before a failing event are yielded before
+        it raises. One network read may carry a few tokens and then an error; the tokens
+        were sent, and the caller must see them (and know the reply had started)."""
         for event in events:
             if self.done:
                 return

@@ -86,7 +86,10 @@ def drain(client: socket.socket, transport: Any) -> bytes:
     return b"".join(parts)
 
 
-def test_daphne_connections_are_adopted():
+def test_daphne_connections_are_adopted_with_nagle_off():
+    """Each accepted connection becomes a SendNow, and has TCP_NODELAY on (Twisted's HTTP
+    channel sets it; with Nagle on, a small write behind an unacknowledged one waits for
+    the peer's delayed ACK, 40 ms)."""
     from daphne.http_protocol import HTTPFactory
     from twisted.internet import reactor, tcp
 
@@ -97,10 +100,12 @@ def test_daphne_connections_are_adopted():
     client = socket.create_connection(listener.getsockname())
     conn, addr = listener.accept()
     try:
+        assert not conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         protocol = HTTPFactory(mock.Mock()).buildProtocol(addr)
         transport = tcp.Server(conn, protocol, addr, mock.Mock(), 1, reactor)
         protocol.makeConnection(transport)
         assert type(transport) is SendNow
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         assert transport.producer is not None  # the HTTP channel registered on it
         transport.stopReading()
         transport.stopWriting()

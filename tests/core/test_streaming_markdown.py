@@ -34,6 +34,12 @@ LINES = [
 # A link, then a line "-" (a setext underline) that grows into a list item.
 @example(lines=["[link](http://example.com)", "- item"], steps=[1, 27, 2], final_newline=False)
 def test_every_prefix_renders_as_the_whole_text_would(lines, steps, final_newline):
+    assert_every_prefix_renders_whole(lines, steps, final_newline)
+
+
+def assert_every_prefix_renders_whole(lines: list[str], steps: list[int], final_newline: bool):
+    """The lines streamed in pieces of ``steps`` characters: each snapshot's HTML is what
+    rendering that prefix whole gives."""
     text = "\n".join(lines) + ("\n" if final_newline else "")
     stream = StreamingMarkdown()
     end = 0
@@ -157,13 +163,7 @@ LIST_LINES = [
 @example(lines=["para", "- a", "- b", "", "after"], steps=[7, 4, 9], final_newline=True)
 @example(lines=["a | b", "- |-"], steps=[9, 1], final_newline=False)
 def test_a_growing_list_renders_as_the_whole_text_would(lines, steps, final_newline):
-    text = "\n".join(lines) + ("\n" if final_newline else "")
-    stream = StreamingMarkdown()
-    end = 0
-    for step in steps:
-        end = min(len(text), end + step)
-        assert stream.render(text[:end]) == render_markdown_uncached(text[:end])
-    assert stream.render(text) == render_markdown_uncached(text)
+    assert_every_prefix_renders_whole(lines, steps, final_newline)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
