@@ -878,8 +878,21 @@ async def _admitted_by_database(api_key: ApiKey, data: dict[str, Any], base_url:
     from channels.db import database_sync_to_async
 
     admitting = asyncio.ensure_future(database_sync_to_async(prepare)(api_key, data))
-    await client().warm(f"{base_url}/chat/completions")
-    return await admitting
+    try:
+        await client().warm(f"{base_url}/chat/completions")
+        # Shielded: the thread admits whatever happens here, and its answer must be taken.
+        return await asyncio.shield(admitting)
+    except asyncio.CancelledError:  # recorded, and what it took given back, once admitted
+        admitting.add_done_callback(_abandoned_in_database)
+        raise
+
+
+def _abandoned_in_database(admitting: asyncio.Future) -> None:
+    """The request went away while the database thread admitted it: one record, and what
+    the admission took given back. A refusal or failure left its own record."""
+    if admitting.cancelled() or admitting.exception() is not None:
+        return
+    finish(admitting.result(), Outcome(status="cancelled", error="the client disconnected"))
 
 
 def _abandoned(prep: Prepared, pending: limits.Pending) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -382,3 +383,44 @@ async def test_a_request_gone_while_redis_answers_leaves_a_record_and_gives_back
         b"used": str(record.total_tokens).encode(),
         b"held": b"0",
     }
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_request_gone_while_the_database_admits_leaves_a_record_and_gives_back(
+    relay_settings, relay_data, alice
+):
+    """The limits in the database: cancelled while the database thread admits it (the
+    upstream connected meanwhile), the request is still recorded as cancelled and the
+    tokens its admission held given back."""
+    from chat.apikeys import authenticate_api_key
+    from chat.relay import service, writer
+
+    _provider, raw = relay_data
+    await sync_to_async(RelayLimit.objects.create)(user=alice, monthly_tokens=10_000)
+    api_key = await sync_to_async(authenticate_api_key)(raw)
+    body = {"model": "gpt-relay", "messages": MESSAGES, "max_tokens": MAX_TOKENS}
+    first = await service.prepared(api_key, dict(body))  # the caches filled, the counter made
+    service.finish(first, service.Outcome(status="ok"))
+    release = threading.Event()
+    busy = asyncio.ensure_future(sync_to_async(release.wait)())  # the database thread held
+    try:
+        task = asyncio.ensure_future(service.prepared(api_key, dict(body)))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        release.set()
+    await busy
+    deadline = time.monotonic() + 5
+    while writer.writer.pending() < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await sync_to_async(writer.flush)()
+    records = [r async for r in UsageRecord.objects.filter(user=alice).order_by("pk")]
+    assert [(r.status, r.error) for r in records] == [
+        ("ok", ""),
+        ("cancelled", "the client disconnected"),
+    ]
+    counter = await sync_to_async(UsageCounter.objects.get)(scope=f"user:{alice.pk}")
+    assert counter.reserved_tokens == 0
