@@ -48,14 +48,6 @@ class RunFollower:
     resumed: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
     # The SSE id of each event produced (by the event's identity), taken when it is sent.
     ids: dict[int, str] = field(default_factory=dict)
-    # Following a message just sent (``input_seq``): no event of the run produced yet. Its
-    # first snapshot can come before its start is written (the start does not hold up
-    # the first text), and the API's events keep their order: until then a snapshot is
-    # left for the next, which carries all the text so far.
-    before_start: bool = False
-
-    def __post_init__(self) -> None:
-        self.before_start = self.input_seq is not None
 
     def _out(self, out: list[dict[str, Any]], item: dict[str, Any]) -> None:
         """Produce ``item``, noting the id to resume after it as things stand now."""
@@ -111,12 +103,11 @@ class RunFollower:
                 continue
             if event.kind in TERMINAL_TYPES:
                 self.done = True
-            self.before_start = False
             self._out(out, {**payload, "seq": event.seq})
         return out
 
     def apply_snapshot(self, message: dict[str, Any]) -> list[dict[str, Any]]:
-        if self.run_id is None or message.get("run_id") != self.run_id or self.before_start:
+        if self.run_id is None or message.get("run_id") != self.run_id:
             return []
         round_ = int(message.get("round", 0))
         if round_ <= self.flushed_round:

@@ -111,53 +111,25 @@ class DjangoRunHost:
 
     def _write_events_later(self) -> None:
         self._events_due = None
-        self._write_behind(self._write_batch, self._take_batch())
+        self._writing = asyncio.ensure_future(self._write_events_quietly())
 
-    def _take_batch(self) -> list[tuple[ev.RunEvent, dict[str, Any]]]:
-        if self._events_due is not None:
-            self._events_due.cancel()
-            self._events_due = None
-        batch, self._unwritten = self._unwritten, []
-        return batch
-
-    def _write_behind(self, write, *args: Any) -> None:
-        """``write(*args)`` after the writes handed over before it, without waiting for it.
-
-        A burst of run starts queues on the process's one database thread; what the page
-        can see a moment later (the run's start, an input taken into context) must not
-        hold up the upstream request or the first snapshot behind that queue. Whatever
-        the run writes next waits for these first (:meth:`_written_behind`), so the log
-        keeps the order the events were emitted in.
-        """
-        before = self._writing
-        self._writing = asyncio.ensure_future(self._after(before, write, *args))
-
-    async def _after(self, before: asyncio.Future | None, write, *args: Any) -> None:
-        if before is not None:
-            await asyncio.wait([before])
+    async def _write_events_quietly(self) -> None:
         try:
-            await write(*args)
-        except Exception:  # noqa: BLE001 - the next write retries what this one held
+            await self.write_events()
+        except Exception:  # noqa: BLE001 - the next write retries these events first
             logger.warning("events of run %s not written yet", self.run.pk, exc_info=True)
-
-    async def _written_behind(self) -> None:
-        """Wait for the writes left to go on behind the run (they come first in the log)."""
-        if self._writing is not None and not self._writing.done():
-            await asyncio.wait([self._writing])
 
     async def write_events(self) -> None:
         """Write the events emitted so far, in order, in one transaction; ring once.
 
         Everything else the run writes to the log comes after them: callers writing
-        messages or the run's end call this first (the writes left to go on behind the
-        run are waited for; the database thread runs jobs in the order they were handed
-        over, so a batch taken earlier is written earlier).
+        messages or the run's end call this first (the database thread runs jobs in
+        the order they were handed over, so a batch taken earlier is written earlier).
         """
-        batch = self._take_batch()
-        await self._written_behind()
-        await self._write_batch(batch)
-
-    async def _write_batch(self, batch: list[tuple[ev.RunEvent, dict[str, Any]]]) -> None:
+        if self._events_due is not None:
+            self._events_due.cancel()
+            self._events_due = None
+        batch, self._unwritten = self._unwritten, []
         if not batch:
             return
         try:
@@ -252,20 +224,11 @@ class DjangoRunHost:
     async def commit(self) -> None:
         # The events emitted so far go first, in the same transaction and doorbell as the
         # messages: one trip to the database thread a reply, not two.
-        batch = self._take_batch()
+        if self._events_due is not None:
+            self._events_due.cancel()
+            self._events_due = None
+        batch, self._unwritten = self._unwritten, []
         new_display = self.take_new_display(remember_html=True)
-        if not new_display:
-            # Only context (inputs the loop took) and events: written behind the run, so
-            # the upstream request does not wait in line on the database thread. Nothing
-            # reads this context before the run's next write, which waits for it.
-            self._write_behind(self._commit_and_ring, new_display, batch)
-            return
-        await self._written_behind()
-        await self._commit_and_ring(new_display, batch)
-
-    async def _commit_and_ring(
-        self, new_display: list[ChatMessage], batch: list[tuple[ev.RunEvent, dict[str, Any]]]
-    ) -> None:
         try:
             doorbell = await database_sync_to_async(self._commit)(new_display, batch)
         except BaseException:
@@ -346,11 +309,8 @@ class DjangoRunHost:
             self._push_due = None
 
     async def push_stream(self) -> None:
-        if self._unwritten:
-            # Written behind the run: in a burst of run starts the database thread's
-            # queue is long, and the first snapshot does not wait in it. (The events are
-            # a status, the gauge and the queued mark; no snapshot depends on them.)
-            self._write_behind(self._write_batch, self._take_batch())
+        if self._unwritten:  # the run's start reaches the page (and the API) first
+            await self.write_events()
         text, reasoning = self.partial
         run_id = str(self.run.pk)
         # Rendered here, once, for every subscriber (and in the worker, when runs run
@@ -413,7 +373,6 @@ class DjangoRunHost:
         return f"{self.agent_prompt}\n\nToday is {today}.".strip()
 
     async def restore_context(self, messages: list[ChatMessage]) -> None:
-        await self._written_behind()  # the context written behind the run comes first
         await database_sync_to_async(store.restore_context)(self.chat_id, messages)
         self.persisted = len(messages)
 

@@ -227,24 +227,3 @@ async def test_the_events_the_api_follower_yields_parse(alice, agent, runtime):
     assert streamed.endswith(complete.text)
     seqs = [e.seq for e in parsed]
     assert seqs == sorted(seqs)
-
-
-def test_a_sent_message_s_follower_yields_the_run_start_before_any_text():
-    # The run's first snapshot can come before its start is written (the start does not
-    # hold up the first text on the database thread): the API keeps its order, and the
-    # next snapshot carries all the text so far.
-    follower = follow.RunFollower(chat_id="c", last_seq=1, input_seq=1, run_id="r")
-    assert follower.apply_snapshot({"run_id": "r", "round": 0, "text": "Hel"}) == []
-
-    started = follower.apply_events(
-        [store.StoredEvent(2, "run_start", {"type": "run_start", "run_id": "r"})]
-    )
-    later = follower.apply_snapshot({"run_id": "r", "round": 0, "text": "Hello"})
-
-    assert [e["type"] for e in started] == ["run_start"]
-    assert [(e["type"], e["text"]) for e in later] == [("delta", "Hello")]
-
-
-def test_a_resumed_follower_takes_snapshots_at_once():
-    follower = follow.RunFollower.resuming("c", "r", "7")
-    assert [e["text"] for e in follower.apply_snapshot({"run_id": "r", "text": "Hi"})] == ["Hi"]
