@@ -24,6 +24,7 @@ import asyncio
 import collections
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -118,6 +119,23 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
 
     DatabaseSyncToAsync.thread_handler = timing_handler  # type: ignore[method-assign]
 
+    # What of it renders the doorbells' fragments (on the database thread, by the trip).
+    from chat.live import doorbell as doorbell_module
+    from chat.runhost import host as host_module
+
+    doorbell_cpu: collections.Counter[str] = collections.Counter()
+    original_doorbell = doorbell_module.events_doorbell
+
+    def timed_doorbell(chat_id, rows):
+        started = time.thread_time()
+        try:
+            return original_doorbell(chat_id, rows)
+        finally:
+            doorbell_cpu[threading.current_thread().name] += time.thread_time() - started
+
+    doorbell_module.events_doorbell = timed_doorbell
+    host_module.events_doorbell = timed_doorbell
+
     tally = StatementTally()
 
     def install_tally() -> None:
@@ -146,6 +164,7 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
     tally.sql.clear()
     trips.clear()
     trip_cpu.clear()
+    doorbell_cpu.clear()
     start = time.perf_counter()
     db_cpu0 = await database_sync_to_async(time.thread_time)()
     profiler = None
@@ -175,6 +194,9 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
     print(f"event-loop CPU per run (w/ polling)  {cpu_loop / runs * 1000:8.1f} ms")
     run_cpu = sum(v for k, v in trip_cpu.items() if "run_ended" not in k)
     print(f"db thread CPU per run (w/o polling)  {run_cpu / runs * 1000:8.1f} ms")
+    loop_thread = threading.current_thread().name
+    rendered = sum(v for k, v in doorbell_cpu.items() if k != loop_thread)
+    print(f"  of it the doorbells' fragments       {rendered / runs * 1000:8.1f} ms")
     print("\nstatements per run, by outermost Lyceum function:")
     for site, count in tally.by_site.most_common(25):
         if "run_ended" in site or "bench_runcost" in site:
