@@ -248,6 +248,21 @@ def last_display_seq(chat_id) -> int:
     return ChatSession.objects.values_list("last_display_seq", flat=True).get(pk=chat_id)
 
 
+def display_seq_now(chat_id) -> int:
+    """The chat's last display seq (0 for a chat that is gone): a socket's quiet check asks
+    it every few seconds per page, so it is a fixed statement, written out."""
+    opts = ChatSession._meta
+    quote = connection.ops.quote_name
+    sql = (
+        f"SELECT {quote(opts.get_field('last_display_seq').column)} FROM {quote(opts.db_table)}"
+        f" WHERE {quote(opts.pk.column)} = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [opts.pk.get_db_prep_value(chat_id, connection)])
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
 def latest_display_payload(chat_id, kind: str) -> dict[str, Any] | None:
     """The payload of the newest display event of ``kind`` (e.g. the context gauge)."""
     return (

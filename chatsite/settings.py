@@ -120,7 +120,7 @@ if DATABASE_URL:
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "chatsite.sqlite",
             "NAME": Path(env_str("SQLITE_PATH") or BASE_DIR / "db.sqlite3"),
             "OPTIONS": {
                 # WAL lets the page read while a run writes; IMMEDIATE makes a writer take

@@ -23,6 +23,7 @@ from uuid import UUID
 
 from channels.db import database_sync_to_async
 
+from chat import store
 from chat.models import Run
 from chat.presentation import fragments
 from chat.runhost import executor, transitions
@@ -272,8 +273,14 @@ class ChatSubscription:
         try:
             if not await self.may_still_watch():
                 return
-            await self.push_new_events()
-            if await database_sync_to_async(_has_live_run)(self.chat_id):
+            # One trip and two small fixed statements; the log is read only when it has
+            # something new (a hundred pages waiting for their runs to start asked the
+            # database thread for a read and a look each, every few seconds, while it had
+            # the sends to store).
+            seq, live = await database_sync_to_async(_quiet_look)(self.chat_id)
+            if self.last_seq is not None and seq > self.last_seq:
+                await self.push_new_events()
+            if live:
                 loop = asyncio.get_running_loop()
                 if self._quiet_check is None:
                     self._quiet_check = loop.call_later(LIVE_CHECK_SECONDS, self._start_quiet_check)
@@ -281,8 +288,10 @@ class ChatSubscription:
             logger.warning("quiet check of chat %s failed", self.chat_id, exc_info=True)
 
 
-def _has_live_run(chat_id: str) -> bool:
-    return Run.objects.filter(chat_id=UUID(chat_id), status__in=transitions.LIVE).exists()
+def _quiet_look(chat_id: str) -> tuple[int, bool]:
+    """The chat's last display seq, and whether a run of it is live."""
+    chat = UUID(chat_id)
+    return store.display_seq_now(chat), transitions.has_live_run(chat)
 
 
 def _live_run(chat_id: str) -> Run | None:

@@ -315,7 +315,9 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         max_rounds=setup.max_rounds,
         setup=setup,
         resume=resume_state,
-        queued=None if resume else take_queued_inputs(chat.pk, run, locked=True),
+        # A run handed over again, or taken along by a worker, comes as a resume with
+        # nothing to resume: a new run, whose inputs are taken here too (a trip less).
+        queued=None if resume_state else take_queued_inputs(chat.pk, run, locked=True),
     )
 
 

@@ -69,8 +69,9 @@ def live_run(chat: ChatSession, *, lock: bool = False) -> Run | None:
     return runs.filter(chat=chat, status__in=LIVE).first()
 
 
-def has_live_run(chat: ChatSession, *, lock: bool = False) -> bool:
-    """Whether ``chat`` has a live run (``lock``: its row locked, as :func:`live_run`).
+def has_live_run(chat: ChatSession | Any, *, lock: bool = False) -> bool:
+    """Whether ``chat`` (a chat or its id) has a live run (``lock``: its row locked, as
+    :func:`live_run`).
 
     A fixed statement, written out: every send asks it on the database thread, and
     building it with the ORM cost more than running it.
@@ -84,7 +85,8 @@ def has_live_run(chat: ChatSession, *, lock: bool = False) -> bool:
     )
     if lock and connection.features.has_select_for_update:
         sql += " FOR UPDATE"
-    chat_id = opts.get_field("chat").get_db_prep_value(chat.pk, connection)
+    pk = chat.pk if isinstance(chat, ChatSession) else chat
+    chat_id = opts.get_field("chat").get_db_prep_value(pk, connection)
     with connection.cursor() as cursor:
         cursor.execute(sql, [chat_id, *(str(s) for s in LIVE)])
         return cursor.fetchone() is not None

@@ -4,6 +4,8 @@ Redis restarted; the open page showed the run going on until reloaded)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from chat import store
@@ -78,3 +80,31 @@ async def test_another_users_page_on_it_is_refused(
     cookie = await adb(lambda: cookie_of(logged_in_client(bob)))()
     _socket, ok, code = await open_socket(cookie, f"/ws/chat/{chat.pk}/")
     assert not ok and code == 4404  # another user's chat: no page, no checks for it
+
+
+async def test_a_quiet_check_with_nothing_new_does_not_read_the_log(
+    alice, socket_env, quick_checks, lost_doorbells, monkeypatch
+):
+    """While a run is live and quiet (say, still starting behind a hundred others), the
+    quiet checks only look at the chat's last seq: the log is read once it moved."""
+    from chat.presentation import fragments
+
+    chat, run = await adb(_orphan_run)(alice)
+    cookie = await adb(lambda: cookie_of(logged_in_client(alice)))()
+    reads = []
+    real_next_batch = fragments.next_batch
+
+    def counted(chat_id, after_seq):
+        reads.append(after_seq)
+        return real_next_batch(chat_id, after_seq)
+
+    monkeypatch.setattr(fragments, "next_batch", counted)
+    page = await chat_socket(cookie, chat.pk)  # its resync reads the log, and arms the checks
+    opened = len(reads)
+    await asyncio.sleep(1.2)  # quiet checks at 0.2 s, then every 0.3 s while the run is live
+    assert len(reads) == opened  # nothing new: the log was not read again
+    assert await adb(transitions._recover)(await adb(Run.objects.get)(pk=run.pk))
+    frame = await page.until('class="msg error-box"', timeout=5)  # no doorbell: a check read it
+    assert "Interrupted" in frame
+    assert len(reads) > opened
+    await page.close()

@@ -221,6 +221,8 @@ async def test_publishes_of_one_moment_go_in_one_round_trip_in_order(pubsub_pair
 
 
 async def test_what_is_published_during_a_round_trip_goes_in_the_next(pubsub_pair, monkeypatch):
+    """With every connection out (here the limit is one), publishes wait for the next."""
+    monkeypatch.setattr(layers, "PIPELINES_IN_FLIGHT", 1)
     sender, receiver = pubsub_pair
     channel = await receiver.new_channel()
     await receiver.group_add("chat.1", channel)
@@ -244,6 +246,42 @@ async def test_what_is_published_during_a_round_trip_goes_in_the_next(pubsub_pai
     assert executed[0] == 10 and sum(executed) == 40 and len(executed) == 2
     got = await _receive_all(receiver, channel, 41)
     assert [m["n"] for m in got] == list(range(-1, 40))
+
+
+async def test_round_trips_go_out_side_by_side_up_to_the_limit(pubsub_pair, monkeypatch):
+    """A publish does not wait for a round trip already out while a connection is free;
+    one that awaits each send before the next (a run's snapshots) keeps its order."""
+    sender, receiver = pubsub_pair
+    channels = [await receiver.new_channel() for _ in range(6)]
+    for index, channel in enumerate(channels):
+        await receiver.group_add(f"chat.{index}", channel)
+    await sender.group_send("chat.0", {"type": "x", "n": -1})  # connected
+    out, most = 0, 0
+    original = Pipeline.execute
+
+    async def slow(self, *args, **kwargs):
+        nonlocal out, most
+        out += 1
+        most = max(most, out)
+        try:
+            await asyncio.sleep(0.1)  # a slow round trip
+            return await original(self, *args, **kwargs)
+        finally:
+            out -= 1
+
+    monkeypatch.setattr(Pipeline, "execute", slow)
+
+    async def one_run(index: int) -> None:  # a run: each snapshot awaited before the next
+        await asyncio.sleep(0.01 * index)
+        for n in range(3):
+            await sender.group_send(f"chat.{index}", {"type": "x", "n": n})
+
+    await asyncio.gather(*(one_run(index) for index in range(6)))
+
+    assert most == layers.PIPELINES_IN_FLIGHT  # side by side, never more
+    assert [m["n"] for m in await _receive_all(receiver, channels[0], 4)] == [-1, 0, 1, 2]
+    for channel in channels[1:]:
+        assert [m["n"] for m in await _receive_all(receiver, channel, 3)] == [0, 1, 2]
 
 
 async def test_a_failed_round_trip_fails_each_of_its_sends_and_the_next_one_works(

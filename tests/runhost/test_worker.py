@@ -105,7 +105,7 @@ def _redis_client():
 def database_env() -> dict[str, str]:
     """Point a subprocess at the database this test uses (the test database)."""
     db = django_settings.DATABASES["default"]
-    if db["ENGINE"] == "django.db.backends.sqlite3":
+    if db["ENGINE"] == "chatsite.sqlite":  # SQLite, writers queued on a lock (settings)
         return {"SQLITE_PATH": str(db["NAME"]), "DATABASE_URL": ""}
     auth = quote(db.get("USER") or "")
     if db.get("PASSWORD"):
