@@ -48,7 +48,8 @@ stack every 5 ms, idle waits left out) and prints where their busy time went.
 ``--cprofile`` runs them under cProfile instead, in the event loop's thread and in the
 database thread (asgiref's one thread for sync code), and copies the stats to
 ``/tmp/<process>.pstats`` and ``/tmp/<process>.db.pstats`` (read them with ``pstats``;
-cProfile slows the servers down about 2x, so compare shares, not times).
+times are each thread's CPU, ``time.thread_time``; cProfile slows the servers down about
+2x, so compare shares, not times).
 ``--set NAME=VALUE`` passes a setting to the servers (e.g. ``LYCEUM_CHECKPOINT_INTERVAL``).
 ``--conn-max-age S`` starts the servers with that ``CONN_MAX_AGE`` (an experiment: the
 settings have no variable for it). ``--workers N`` starts N runworker processes.
@@ -1034,8 +1035,11 @@ def serve(options: dict[str, Any], command: list[str]) -> None:
 
         from asgiref.sync import SyncToAsync
 
-        profiler = cProfile.Profile()
-        db_profiler = cProfile.Profile()  # the database thread's (asgiref's single thread)
+        # Thread CPU (time.thread_time), not wall time: a C call that lets the GIL go
+        # (a socket send, nh3, an SQLite statement) no longer counts the wait to get it back.
+        profiler = cProfile.Profile(time.thread_time)
+        # The database thread's (asgiref's single thread).
+        db_profiler = cProfile.Profile(time.thread_time)
         db_thread = SyncToAsync.single_thread_executor
 
         def dump_cprofile(*_: Any) -> None:

@@ -36,11 +36,33 @@ CLEAN_EVERY_SECONDS = 1.0
 class LeanInMemoryChannelLayer(InMemoryChannelLayer):
     _last_clean = 0.0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Channels read by a consumer's own loop (chat.live.direct): kept while it lives,
+        # unbounded (the consumer's client puts there too), the layer's capacity kept
+        # by group_send.
+        self._inboxes: dict[str, asyncio.Queue] = {}
+
+    def open_inbox(self, channel: str) -> asyncio.Queue:
+        inbox = self.channels.get(channel)
+        if inbox is None or inbox.maxsize:
+            pending = [] if inbox is None else list(inbox._queue)  # type: ignore[attr-defined]
+            inbox = asyncio.Queue()
+            for item in pending:
+                inbox.put_nowait(item)
+        self.channels[channel] = self._inboxes[channel] = inbox
+        return inbox
+
+    def close_inbox(self, channel: str) -> None:
+        self._inboxes.pop(channel, None)
+        self.channels.pop(channel, None)
+
     def _clean_expired(self) -> None:
         now = time.monotonic()
         if now - self._last_clean >= CLEAN_EVERY_SECONDS:
             self._last_clean = now
             super()._clean_expired()
+            self.channels.update(self._inboxes)  # an emptied inbox is still read
 
     async def group_send(self, group: str, message: dict) -> None:
         assert isinstance(message, dict), "Message is not a dict"
@@ -51,6 +73,8 @@ class LeanInMemoryChannelLayer(InMemoryChannelLayer):
             queue = self.channels.get(channel)
             if queue is None:  # (not made for every member: setdefault would)
                 queue = self.channels[channel] = asyncio.Queue(maxsize=self.get_capacity(channel))
+            elif not queue.maxsize and queue.qsize() >= self.get_capacity(channel):
+                continue  # a full inbox, as a full channel, misses the group's message
             # As in Channels, a full channel misses the group's message.
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait((expires, copy_message(message)))

@@ -219,7 +219,7 @@ class StreamingMarkdown:
             added = text[len(done) :]
             if self._appendable(added, done):
                 return self._stable_html + self._append_words(added)
-            if self._list is not None and (html := self._append_item(added, done)):
+            if self._list is not None and (html := self._append_items(added, done)):
                 return self._stable_html + html
         if not text.startswith(self._stable_source):  # not a continuation: start over
             self._stable_source = self._stable_html = ""
@@ -271,6 +271,57 @@ class StreamingMarkdown:
         point = _word_insertion_point(tail, self._tail_html)
         self._insert_at, self._space_first = point if point else (None, False)
         return self._stable_html + self._tail_html
+
+    def _append_items(self, added: str, done: str) -> str | None:
+        """:meth:`_append_item` for text that brings several lines at once (a push
+        after a fast model, or a list of short items): one line at a time, while each
+        line is a new item of words. Each step leaves the state as a render of the text
+        up to it would (None: the rest must be rendered, from wherever the steps got to).
+        """
+        html = None
+        while "\n" in added:
+            first = added.find("\n")
+            if added.startswith("\n", first + 1):  # a blank line
+                return self._end_list(added, done)
+            cut = added.find("\n", first + 1)
+            step = added if cut < 0 else added[:cut]
+            html = self._append_item(step, done)
+            if html is None:
+                return None
+            done += step
+            added = added[len(step) :]
+        return html
+
+    def _end_list(self, added: str, done: str) -> str | None:
+        """The tail's HTML when ``added`` ends its list: words to the last item, a blank
+        line, then a paragraph of one line of words that starts with a letter (None: it
+        must be rendered).
+
+        The list's last item being one line of words, the list is tight and stays so: a
+        blank line, then an unindented line that is no marker and can never become one
+        (a letter first) starts a paragraph after the list. The list is final then, and
+        the paragraph is the tail, as a render would leave them.
+        """
+        assert self._list is not None
+        words, _blank, paragraph = added.partition("\n\n")
+        if "\n" in words or "\n" in paragraph or not _PARAGRAPH_WORDS.fullmatch(paragraph):
+            return None
+        last = self._tail_source[len(self._list.source) :] + words
+        item = _WORDS_ITEM.fullmatch(last)
+        if item is None or (item.group(1) or item.group(2)) != self._list.markup:
+            return None
+        if words and not self._appendable(words, done):
+            return None
+        if words:
+            self._append_words(words)
+        self._stable_source += self._tail_source + "\n\n"
+        self._stable_html += self._tail_html
+        self._list, self._paragraph_last = None, True
+        self._tail_source = paragraph
+        self._tail_html = "<p>" + _SPAN.sub(_span_html, paragraph.rstrip(" ")) + "</p>\n"
+        point = _word_insertion_point(self._tail_source, self._tail_html)
+        self._insert_at, self._space_first = point if point else (None, False)
+        return self._tail_html
 
     def _append_item(self, added: str, done: str) -> str | None:
         """The tail's HTML with a new item of words added to its list without rendering
@@ -450,6 +501,13 @@ class _GrowingList:
         rest = tail[len(self.source) :]
         if "]:" in rest:  # it may define a link reference (see split)
             return None
+        if (word_items := self._word_items(rest)) is not None:
+            # Lines of words each after the list's own marker (a paragraph's first
+            # items, say): tight items of those words, no parse (as _append_item).
+            if len(word_items) > 1:  # the items before the last one are final
+                self.html += "".join(word_items[:-1])
+                self.source += rest[: rest.rfind("\n") + 1]
+            return self.html + word_items[-1] + self.close, 0, "", False
         md = _markdown()
         env: dict = {}
         tokens = md.parse(rest, env)
@@ -485,6 +543,17 @@ class _GrowingList:
             html += sanitize_html(md.renderer.render(tokens[close + 1 : boundary], md.options, env))
         tail_html = sanitize_html(md.renderer.render(tokens[boundary:], md.options, env))
         return tail_html, before + cut, html, _ends_with_paragraph(tokens)
+
+    def _word_items(self, rest: str) -> list[str] | None:
+        """The HTML items of ``rest`` when each of its lines is an item of words with the
+        list's marker, unindented (None otherwise)."""
+        items = []
+        for line in rest.split("\n"):
+            item = _WORDS_ITEM.fullmatch(line)
+            if item is None or (item.group(1) or item.group(2)) != self.markup:
+                return None
+            items.append("<li>" + _SPAN.sub(_span_html, item.group(3).rstrip(" ")) + "</li>\n")
+        return items
 
 
 # A list item that interrupts a paragraph: a bullet, or the number 1, and content.
@@ -524,6 +593,9 @@ _WORDS = r"[^\W_]++(?: ++[^\W_]++)*+"
 _SPAN = re.compile(rf"\*\*({_WORDS})\*\*|\*({_WORDS})\*|`({_WORDS})`")
 _WORDS_AND_SPANS = re.compile(rf"(?: ++|[^\W_]++|(?<![^ ])(?:{_SPAN.pattern})(?![^ ]))++")
 _SPAN_TAGS = ("strong", "em", "code")
+# A paragraph's first line of words that no text added can turn into anything else: it
+# starts with a letter (not a digit, a marker or a space).
+_PARAGRAPH_WORDS = re.compile(rf"(?=[^\W\d_])(?:{_WORDS_AND_SPANS.pattern})")
 
 # An item of words (and whole spans of them, as _WORDS_AND_SPANS): a bullet or a number,
 # then spaces (fewer than five: more would start indented code) and its words.

@@ -248,3 +248,37 @@ def test_new_items_of_words_are_appended_without_rendering(monkeypatch):
     for piece in ["\n  - nested", "\n- six", "\n\n- loose now", "\n1. other kind"]:
         text += piece  # syntax the fast path leaves to the renderer
         assert stream.render(text) == render_markdown_uncached(text)
+
+
+def test_several_new_lines_in_one_push_are_appended_without_rendering(monkeypatch):
+    """A push that brings more than one line (a fast model, short items): items of
+    words, a paragraph's first items, and a list's end with the paragraph after it."""
+    stream = StreamingMarkdown()
+    text = "Intro words\n- one"
+    stream.render(text)
+    parsed: list[str] = []
+    md = markdown._markdown()
+    real_parse = md.parse
+    monkeypatch.setattr(
+        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
+    )
+
+    pushes = [
+        " more\n- two\n- three **bold**",  # words to the last item, then two new items
+        "\n- four `code`\n- five",
+        " end\n\nAfter the list",  # the list ends: a paragraph after it
+        " more words\n- first **item**\n- second",  # a paragraph's first items
+    ]
+    shown = []
+    for piece in pushes:
+        text += piece
+        shown.append((text, stream.render(text)))
+
+    assert parsed == []
+    monkeypatch.undo()
+    for prefix, html in shown:
+        assert html == render_markdown_uncached(prefix), prefix
+    assert "<p>" not in html.split("<ul>")[1].split("</ul>")[0]  # still a tight list
+    for piece in ["\n\n", "  indented", "\n\n1 digits first", "\n- item\n\n- loose"]:
+        text += piece  # what the fast paths leave to the renderer
+        assert stream.render(text) == render_markdown_uncached(text)

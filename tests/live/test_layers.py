@@ -8,10 +8,14 @@ import uuid
 from copy import deepcopy
 
 import pytest
+from channels.consumer import AsyncConsumer
+from channels.exceptions import StopConsumer
+from channels.layers import channel_layers
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from chat.live import doorbell, layers
+from chat.live.direct import DirectDispatch
 from chat.live.layers import LeanInMemoryChannelLayer, PipelinedPubSubChannelLayer
 
 
@@ -120,6 +124,55 @@ async def test_discarded_members_get_nothing():
     await layer.group_send("g", {"type": "x"})
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(layer.receive(channel), 0.05)
+
+
+class _Recorder(DirectDispatch, AsyncConsumer):
+    """A consumer on the in-memory layer that notes what it handles, in order."""
+
+    channel_layer_alias = "default"
+    seen: list
+
+    async def chat_stream(self, message):
+        self.seen.append(("layer", message["n"]))
+
+    async def client_frame(self, message):
+        self.seen.append(("client", message["n"]))
+        if message["n"] == "stop":
+            raise StopConsumer
+
+
+async def test_a_consumer_reads_the_layer_and_its_client_in_order_from_one_inbox(monkeypatch):
+    monkeypatch.setattr(layers, "CLEAN_EVERY_SECONDS", 0.0)
+    channel_layers.backends.pop("default", None)
+    consumer = _Recorder()
+    consumer.seen = []
+    client: asyncio.Queue = asyncio.Queue()
+    running = asyncio.ensure_future(consumer({"type": "test"}, client.get, None))
+    while not hasattr(consumer, "channel_name"):
+        await asyncio.sleep(0)
+    layer = consumer.channel_layer
+    await layer.group_add("g", consumer.channel_name)
+
+    await layer.group_send("g", {"type": "chat.stream", "n": 1})
+    await client.put({"type": "client.frame", "n": 2})
+    await asyncio.sleep(0.01)
+    layer._clean_expired()  # an emptied inbox stays the channel's
+    await layer.group_send("g", {"type": "chat.stream", "n": 3})
+    await client.put({"type": "client.frame", "n": "stop"})
+    await asyncio.wait_for(running, 1)
+
+    assert consumer.seen == [("layer", 1), ("client", 2), ("layer", 3), ("client", "stop")]
+    assert consumer.channel_name not in layer.channels  # gone with its consumer
+
+
+async def test_a_full_inbox_misses_the_group_message():
+    layer = LeanInMemoryChannelLayer(capacity=2)
+    channel = await layer.new_channel()
+    inbox = layer.open_inbox(channel)
+    await layer.group_add("g", channel)
+    for n in range(3):
+        await layer.group_send("g", {"type": "x", "n": n})
+    assert [inbox.get_nowait()[1]["n"] for _ in range(inbox.qsize())] == [0, 1]
 
 
 # --- Redis pub/sub, pipelined ----------------------------------------------------------------
