@@ -1,6 +1,8 @@
 """The relay against going direct and against a minimal pass-through, side by side in one run.
 
 Run: ``/work/main/.venv/bin/python bench/bench_relay.py [--tokens 200] [--tps 200] [--streams 1,10,100]``
+(``--postgres``: the relay's database, and so its limits, in a fresh PostgreSQL database;
+``--redis URL``: the limits in Redis)
 
 Three targets in front of one paced fake upstream (``tests.fakeopenai`` in a subprocess,
 ``--tokens`` tokens at ``--tps`` tokens/s, usage asked for with
@@ -39,6 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TOKEN_RE = re.compile(rb"tok(\d+) ")
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_BASE_URL = "postgres://postgres@127.0.0.1:5432"
 
 
 # --- the minimal pass-through ------------------------------------------------------------------
@@ -93,11 +97,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def setup_relay(upstream_port: int, db: str, redis: str) -> tuple[dict[str, str], str]:
+def setup_relay(
+    upstream_port: int, db_env: dict[str, str], redis: str
+) -> tuple[dict[str, str], str]:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "chatsite.settings",
-        "SQLITE_PATH": db,
+        **db_env,
         "REDIS_URL": redis,
         "LYCEUM_REDIS_PREFIX": f"bench-relay-{os.getpid()}",
         "LOG_LEVEL": "WARNING",
@@ -227,6 +233,9 @@ def main() -> None:
     parser.add_argument(
         "--profile", default="", metavar="OUT", help="run Daphne under cProfile, stats to OUT"
     )
+    parser.add_argument(
+        "--postgres", action="store_true", help="the relay's database in PostgreSQL, not SQLite"
+    )
     parser.add_argument("--pipe", nargs=2, type=int, metavar=("PORT", "UPSTREAM"))
     args = parser.parse_args()
     if args.pipe:
@@ -247,8 +256,17 @@ def main() -> None:
     )
     pipe, pipe_port = _start([PY, __file__, "--pipe", "0", str(fake_port)])
     db = tempfile.mktemp(prefix="bench-relay-", suffix=".sqlite3")
-    env, key = setup_relay(fake_port, db, args.redis)
-    print(f"relay limits in {'Redis' if args.redis else 'the database (SQLite)'}")
+    pg_name = f"lyceum_bench_relay_{os.getpid()}" if args.postgres else ""
+    if pg_name:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{pg_name}"')
+    db_env = {"DATABASE_URL": f"{PG_BASE_URL}/{pg_name}"} if pg_name else {"SQLITE_PATH": db}
+    env, key = setup_relay(fake_port, db_env, args.redis)
+    database = "PostgreSQL" if pg_name else "SQLite"
+    print(f"relay limits in {'Redis' if args.redis else 'the database'}, database {database}")
+    print(f"load {os.getloadavg()[0]:.2f} / {os.getloadavg()[1]:.2f}")
     daphne, relay_port = start_daphne(env, args.profile)
     print("Daphne as shipped (TCP_NODELAY: set by Twisted's HTTPChannel on every connection)")
     targets = {
@@ -266,16 +284,20 @@ def main() -> None:
             f"{'TTFT p50 ms':>11} {'TTFT p95 ms':>11} {'CPU ms/token':>12}"
         )
         summary: dict[tuple[str, int], dict[str, float]] = {}
+        yardstick: list[tuple[float, int]] = []
         for n in [int(s) for s in args.streams.split(",")]:
             for name, (port, path, model, pid) in targets.items():
-                repeats = args.single_repeats if n == 1 else 1
+                repeats = args.single_repeats if n <= 2 else 1
                 results: list[dict[str, Any]] = []
                 cpu0 = _cpu_seconds(pid) if pid else 0.0
+                fake0 = _cpu_seconds(fake.pid)
                 wall0 = time.perf_counter()
                 for _ in range(repeats):
                     results += asyncio.run(run_streams(port, path, key, model, n))
                 wall = time.perf_counter() - wall0
                 cpu = (_cpu_seconds(pid) - cpu0) if pid else float("nan")
+                if name == "direct":  # the box's yardstick: the fake upstream's own CPU
+                    yardstick.append((_cpu_seconds(fake.pid) - fake0, len(results) * args.tokens))
                 if name == "relay":
                     relay_requests += len(results)
                 complete = sum(check_stream(r, args.tokens) for r in results)
@@ -312,13 +334,15 @@ def main() -> None:
                 f"{name:8} mean {plain[name]:7.2f} ms  median {statistics.median(times):7.2f} ms"
                 f"  overhead {plain[name] - plain['direct']:6.2f} ms  CPU {cpu:6.2f} ms/request"
             )
-        one = [n for n in (int(s) for s in args.streams.split(",")) if n == 1]
-        if one:
-            added = summary[("relay", 1)]["ttft"] - summary[("direct", 1)]["ttft"]
+        for n in (int(s) for s in args.streams.split(",")):
+            added = summary[("relay", n)]["ttft"] - summary[("direct", n)]["ttft"]
+            label = "one stream" if n == 1 else f"{n} streams"
             print(
-                f"\nadded TTFT at one stream (median): relay {added:.2f} ms, "
-                f"pipe {summary[('pipe', 1)]['ttft'] - summary[('direct', 1)]['ttft']:.2f} ms"
+                f"{'' if n > 1 else chr(10)}added TTFT at {label} (median): relay {added:.2f} ms, "
+                f"pipe {summary[('pipe', n)]['ttft'] - summary[('direct', n)]['ttft']:.2f} ms"
             )
+        fake_cpu = sum(c for c, _ in yardstick) * 1e6 / max(1, sum(t for _, t in yardstick))
+        print(f"fake upstream CPU per 1k tokens (direct runs): {fake_cpu:.1f} ms")
         time.sleep(1.0)
         check = subprocess.run(
             [
@@ -358,6 +382,11 @@ def main() -> None:
                 proc.wait(5)
         for suffix in ("", "-wal", "-shm"):
             Path(db + suffix).unlink(missing_ok=True)
+        if pg_name:
+            import psycopg
+
+            with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{pg_name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -244,58 +244,86 @@ def _refusal(reason: str, wait: float) -> Refused:
 # --- the database ---------------------------------------------------------------------------
 
 
+# PostgreSQL: an admission's commit does not wait for its WAL to reach the disk (the
+# transaction is as atomic and isolated as before). A crash may lose the last few
+# admissions: buckets a request fuller and tokens no longer held, both harmless.
+ASYNC_COMMIT = True
+
+
 def _db_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: bool) -> None:
+    """The check-and-take in one transaction: the scopes' counters read and locked in one
+    statement, then one update per counter (raw SQL: the ORM's query building cost more
+    than the statements themselves, about 0.8 ms of CPU for two policies)."""
     now = time.time()
     with transaction.atomic():
-        counters = [_locked_counter(p, period) for p in policies]
+        connection = transaction.get_connection()
+        if ASYNC_COMMIT and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        counters = _locked_counters(connection, policies, period)
         wait, reason = 0.0, ""
         levels = []
         shut: list[int] = []  # counters whose lockout this refusal starts
         for policy, counter in zip(policies, counters, strict=True):
-            level = _refill(policy, counter.bucket, counter.bucket_at, now)
+            pk, used, reserved, bucket, bucket_at, locked_until = counter
+            level = _refill(policy, bucket, bucket_at, now)
             levels.append(level)
-            if take and counter.locked_until > now:
-                wait = max(wait, counter.locked_until - now)
+            if take and locked_until > now:
+                wait = max(wait, locked_until - now)
                 reason = reason or "rate_limit"
             elif take and level < 1:
                 if policy.lockout:
-                    shut.append(counter.pk)
+                    shut.append(pk)
                     wait = max(wait, policy.lockout)
                 else:
                     wait = max(wait, (1 - level) * 60 / policy.requests_per_minute)
                 reason = reason or "rate_limit"
             budget = policy.monthly_tokens
-            if budget and counter.used_tokens + counter.reserved_tokens + cost > budget:
+            if budget and used + reserved + cost > budget:
                 reason = "budget"
         if reason:
             for policy, counter in zip(policies, counters, strict=True):
-                if counter.pk in shut:
-                    UsageCounter.objects.filter(pk=counter.pk).update(
+                if counter[0] in shut:
+                    UsageCounter.objects.filter(pk=counter[0]).update(
                         locked_until=now + policy.lockout
                     )
         else:
-            _db_take(policies, counters, levels, now, cost, take, hold)
+            _db_take(connection, policies, counters, levels, now, cost, take, hold)
     if reason:  # raised out of the block, the lockout just written would be rolled back
         raise _refusal(reason, wait)
 
 
+# One counter as _db_admit reads it: pk, used_tokens, reserved_tokens, bucket, bucket_at,
+# locked_until.
+Counter = tuple[int, int, int, float, float, float]
+
+
 def _db_take(
+    connection: Any,
     policies: list[Policy],
-    counters: list[UsageCounter],
+    counters: list[Counter],
     levels: list[float],
     now: float,
     cost: int,
     take: bool,
     hold: bool,
 ) -> None:
-    for policy, counter, level in zip(policies, counters, levels, strict=True):
-        updates: dict[str, Any] = {}
-        if take:
-            updates.update(bucket=level - 1, bucket_at=now)
-        if hold and policy.monthly_tokens:
-            updates["reserved_tokens"] = F("reserved_tokens") + cost
-        if updates:
-            UsageCounter.objects.filter(pk=counter.pk).update(**updates)
+    table = connection.ops.quote_name(UsageCounter._meta.db_table)
+    with connection.cursor() as cursor:
+        for policy, counter, level in zip(policies, counters, levels, strict=True):
+            sets: list[str] = []
+            params: list[Any] = []
+            if take:
+                sets.append("bucket = %s, bucket_at = %s")
+                params += [level - 1, now]
+            if hold and policy.monthly_tokens:
+                sets.append("reserved_tokens = reserved_tokens + %s")
+                params.append(cost)
+            if sets:
+                cursor.execute(
+                    f"UPDATE {table} SET {', '.join(sets)} WHERE id = %s",  # noqa: S608 - no user text
+                    [*params, counter[0]],
+                )
 
 
 def _refill(policy: Policy, bucket: float, at: float, now: float) -> float:
@@ -304,18 +332,36 @@ def _refill(policy: Policy, bucket: float, at: float, now: float) -> float:
     return min(float(policy.burst), bucket + max(0.0, now - at) * policy.requests_per_minute / 60)
 
 
-def _locked_counter(policy: Policy, period: str) -> UsageCounter:
-    counter = UsageCounter.objects.select_for_update().filter(scope=policy.scope, period=period)
-    row = counter.first()
-    if row is not None:
-        return row
+def _locked_counters(connection: Any, policies: list[Policy], period: str) -> list[Counter]:
+    """The policies' counters in ``period``, in their order, locked until the transaction
+    ends (one ``SELECT ... FOR UPDATE`` in the rows' order; SQLite's IMMEDIATE transaction
+    holds the whole database instead); a counter missing is created first."""
+    table = connection.ops.quote_name(UsageCounter._meta.db_table)
+    scopes = [policy.scope for policy in policies]
+    sql = (
+        "SELECT scope, id, used_tokens, reserved_tokens, bucket, bucket_at, locked_until "  # noqa: S608
+        f"FROM {table} WHERE period = %s AND scope IN ({', '.join(['%s'] * len(scopes))}) "
+        "ORDER BY id" + (" FOR UPDATE" if connection.features.has_select_for_update else "")
+    )
+    for _ in range(2):
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [period, *scopes])
+            found = {row[0]: tuple(row[1:]) for row in cursor.fetchall()}
+        missing = [policy for policy in policies if policy.scope not in found]
+        if not missing:
+            return [found[scope] for scope in scopes]  # type: ignore[misc]
+        for policy in missing:
+            _create_counter(policy, period)
+    raise RuntimeError("the usage counters could not be created")
+
+
+def _create_counter(policy: Policy, period: str) -> None:
     seed = used_in_period(policy.scope, period) if policy.monthly_tokens else 0
     try:
         with transaction.atomic():
             UsageCounter.objects.create(scope=policy.scope, period=period, used_tokens=seed)
     except IntegrityError:
         pass  # another request created it first
-    return counter.get()
 
 
 # --- Redis ----------------------------------------------------------------------------------

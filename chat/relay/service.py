@@ -854,7 +854,7 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             continue
         pending = limits.admit_later(prep.policies, prep.cost)
         if pending is None:  # the limits in the database
-            return await _admitted_by_database(api_key, data, prep.upstream.base_url)
+            return await _admitted_by_database(prep)
         try:
             await client().warm(f"{prep.upstream.base_url}/chat/completions")
             admission = await pending.result()
@@ -872,27 +872,45 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     return await database_sync_to_async(prepare)(api_key, data)
 
 
-async def _admitted_by_database(api_key: ApiKey, data: dict[str, Any], base_url: str) -> Prepared:
-    """The whole of :func:`prepare` on the database thread (its admission a locked
-    transaction), the upstream connected meanwhile: the two overlap, as with Redis."""
+async def _admitted_by_database(prep: Prepared) -> Prepared:
+    """``prep``'s admission on the database thread (a locked transaction; the rest of
+    :func:`prepare` was done in the event loop), the upstream connected meanwhile: the two
+    overlap, as with Redis."""
     from channels.db import database_sync_to_async
 
-    admitting = asyncio.ensure_future(database_sync_to_async(prepare)(api_key, data))
+    admitting = asyncio.ensure_future(
+        database_sync_to_async(limits.admit)(prep.policies, prep.cost)
+    )
     try:
-        await client().warm(f"{base_url}/chat/completions")
+        await client().warm(f"{prep.upstream.base_url}/chat/completions")
         # Shielded: the thread admits whatever happens here, and its answer must be taken.
-        return await asyncio.shield(admitting)
+        admission = await asyncio.shield(admitting)
+    except limits.Refused as exc:
+        raise _refused(prep, exc) from None
+    except (RedisError, DatabaseError, OSError) as exc:
+        raise _unavailable(prep, exc) from None
     except asyncio.CancelledError:  # recorded, and what it took given back, once admitted
-        admitting.add_done_callback(_abandoned_in_database)
+        admitting.add_done_callback(functools.partial(_abandoned_in_database, prep))
         raise
+    admitted(prep, admission)
+    return prep
 
 
-def _abandoned_in_database(admitting: asyncio.Future) -> None:
+def _abandoned_in_database(prep: Prepared, admitting: asyncio.Future) -> None:
     """The request went away while the database thread admitted it: one record, and what
-    the admission took given back. A refusal or failure left its own record."""
-    if admitting.cancelled() or admitting.exception() is not None:
+    the admission took given back."""
+    if admitting.cancelled():
         return
-    finish(admitting.result(), Outcome(status="cancelled", error="the client disconnected"))
+    failure = admitting.exception()
+    if isinstance(failure, limits.Refused):
+        _refused(prep, failure)
+        return
+    if failure is not None:
+        if isinstance(failure, (RedisError, DatabaseError, OSError)):
+            _unavailable(prep, failure)
+        return
+    admitted(prep, admitting.result())
+    finish(prep, Outcome(status="cancelled", error="the client disconnected"))
 
 
 def _abandoned(prep: Prepared, pending: limits.Pending) -> None:
