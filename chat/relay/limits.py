@@ -244,12 +244,6 @@ def _refusal(reason: str, wait: float) -> Refused:
 # --- the database ---------------------------------------------------------------------------
 
 
-# PostgreSQL: an admission's commit does not wait for its WAL to reach the disk (the
-# transaction is as atomic and isolated as before). A crash may lose the last few
-# admissions: buckets a request fuller and tokens no longer held, both harmless.
-ASYNC_COMMIT = True
-
-
 def _db_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: bool) -> None:
     """The check-and-take in one transaction: the scopes' counters read and locked in one
     statement, then one update per counter (raw SQL: the ORM's query building cost more
@@ -257,9 +251,6 @@ def _db_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: 
     now = time.time()
     with transaction.atomic():
         connection = transaction.get_connection()
-        if ASYNC_COMMIT and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
         counters = _locked_counters(connection, policies, period)
         wait, reason = 0.0, ""
         levels = []
