@@ -136,28 +136,6 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
     doorbell_module.events_doorbell = timed_doorbell
     host_module.events_doorbell = timed_doorbell
 
-    # A send's doorbell reads on the database thread and renders on the event loop.
-    from chat.presentation import fragments as fragments_module
-
-    original_later = getattr(fragments_module, "fragments_later", None)
-
-    def timed(function):
-        def call(*a, **kw):
-            started = time.thread_time()
-            try:
-                return function(*a, **kw)
-            finally:
-                doorbell_cpu[threading.current_thread().name] += time.thread_time() - started
-
-        return call
-
-    def timed_later(events, chat_id):
-        render = timed(original_later)(events, chat_id)
-        return None if render is None else timed(render)
-
-    if original_later is not None:
-        fragments_module.fragments_later = timed_later
-
     tally = StatementTally()
 
     def install_tally() -> None:
@@ -219,8 +197,6 @@ async def run_all(args: argparse.Namespace, base_url: str) -> None:
     loop_thread = threading.current_thread().name
     rendered = sum(v for k, v in doorbell_cpu.items() if k != loop_thread)
     print(f"  of it the doorbells' fragments       {rendered / runs * 1000:8.1f} ms")
-    on_loop = doorbell_cpu.get(loop_thread, 0.0)
-    print(f"doorbells' fragments on the event loop {on_loop / runs * 1000:6.1f} ms")
     print("\nstatements per run, by outermost Lyceum function:")
     for site, count in tally.by_site.most_common(25):
         if "run_ended" in site or "bench_runcost" in site:

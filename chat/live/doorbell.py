@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
-from django.utils import timezone, translation
 
 from chat.live.layers import live_layer
 from chat.models import ChatEvent
@@ -45,7 +43,7 @@ def ring(chat_id: Any, rows: list[ChatEvent]) -> None:
     if layer is None or not rows:
         return
     transaction.on_commit(
-        lambda: group_send_soon(layer, chat_group(chat_id), events_doorbell_later(chat_id, rows))
+        lambda: group_send_soon(layer, chat_group(chat_id), events_doorbell(chat_id, rows))
     )
 
 
@@ -86,67 +84,25 @@ def events_doorbell(chat_id: Any, rows: list[ChatEvent]) -> dict[str, Any]:
     are; any other reads the log from its own ``seq``.
     """
     events = [StoredEvent(row.seq, row.kind, row.payload) for row in rows]
-    if not _one_run_of_seqs(events):
-        return _bare_doorbell(chat_id, events)  # let each subscriber read the log
+    message: dict[str, Any] = {
+        "type": "chat.events",
+        "chat_id": str(chat_id),
+        "seq": events[-1].seq,
+    }
+    if events[-1].seq - events[0].seq != len(events) - 1:
+        return message  # not one run of seqs: let each subscriber read the log
     try:
         html = fragments.fragments_for_events(events, str(chat_id))
     except Exception:  # noqa: BLE001 - the subscribers render them from the log instead
         logger.warning("fragments for chat %s failed", chat_id, exc_info=True)
-        return _bare_doorbell(chat_id, events)
-    return _full_doorbell(chat_id, events, html)
-
-
-def events_doorbell_later(chat_id: Any, rows: list[ChatEvent]) -> Callable[[], dict[str, Any]]:
-    """:func:`events_doorbell`, its render left to whoever sends it (the event loop).
-
-    What the fragments read from the database is read now (a send's: its message's
-    version switcher); what a later render cannot do without the database is rendered
-    now, as :func:`events_doorbell` does. The message it makes is the same.
-    """
-    events = [StoredEvent(row.seq, row.kind, row.payload) for row in rows]
-    render = None
-    if _one_run_of_seqs(events):
-        try:
-            render = fragments.fragments_later(events, str(chat_id))
-        except Exception:  # noqa: BLE001 - as in events_doorbell
-            logger.warning("fragments for chat %s failed", chat_id, exc_info=True)
-            message = _bare_doorbell(chat_id, events)
-            return lambda: message
-    if render is None:
-        message = events_doorbell(chat_id, rows)
-        return lambda: message
-
-    # The render's language and time zone are the sender's, as where it was rendered
-    # in place (the loop's own are the defaults).
-    language, zone = translation.get_language(), timezone.get_current_timezone()
-
-    def build() -> dict[str, Any]:
-        try:
-            with translation.override(language), timezone.override(zone):
-                html = render()
-        except Exception:  # noqa: BLE001 - as in events_doorbell
-            logger.warning("fragments for chat %s failed", chat_id, exc_info=True)
-            return _bare_doorbell(chat_id, events)
-        return _full_doorbell(chat_id, events, html)
-
-    return build
-
-
-def _one_run_of_seqs(events: list[StoredEvent]) -> bool:
-    return bool(events) and events[-1].seq - events[0].seq == len(events) - 1
-
-
-def _bare_doorbell(chat_id: Any, events: list[StoredEvent]) -> dict[str, Any]:
-    return {"type": "chat.events", "chat_id": str(chat_id), "seq": events[-1].seq}
-
-
-def _full_doorbell(chat_id: Any, events: list[StoredEvent], html: str) -> dict[str, Any]:
-    return _bare_doorbell(chat_id, events) | {
-        "after": events[0].seq - 1,
-        "html": html,
-        "rounds": fragments.written_rounds(events),
-        "events": [_compact(e) for e in events],
-    }
+        return message
+    message.update(
+        after=events[0].seq - 1,
+        html=html,
+        rounds=fragments.written_rounds(events),
+        events=[_compact(e) for e in events],
+    )
+    return message
 
 
 COMPACT_TEXT = 400  # what a doorbell carries of a message's text (a tile shows less)
@@ -170,34 +126,25 @@ def _compact(event: StoredEvent) -> list[Any]:
 _sending: set[asyncio.Task] = set()
 
 
-def group_send_soon(
-    layer, group: str, message: dict[str, Any] | Callable[[], dict[str, Any]]
-) -> None:
+def group_send_soon(layer, group: str, message: dict[str, Any]) -> None:
     """Send from a sync thread without waiting for the send.
 
     Run from the database thread (as under ``database_sync_to_async``), the send is
     handed to the event loop that thread works for: waiting for it held the process's
     one database thread until a busy loop came round to it, 30 ms a reply's end with a
     hundred streams. Elsewhere it is sent there and then.
-
-    ``message`` may be a function making it (:func:`events_doorbell_later`): the loop
-    calls it, in the order of the hand-overs.
     """
     loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
     if loop is None or loop.is_closed() or not loop.is_running():
         try:
-            async_to_sync(layer.group_send)(group, message() if callable(message) else message)
+            async_to_sync(layer.group_send)(group, message)
         except Exception:  # noqa: BLE001 - a doorbell may fail; the log is the truth
             logger.warning("sending to %s failed", group, exc_info=True)
         return
     loop.call_soon_threadsafe(_start_sending, layer, group, message)
 
 
-def _start_sending(
-    layer, group: str, message: dict[str, Any] | Callable[[], dict[str, Any]]
-) -> None:
-    if callable(message):
-        message = message()
+def _start_sending(layer, group: str, message: dict[str, Any]) -> None:
     task = asyncio.get_running_loop().create_task(layer.group_send(group, message))
     _sending.add(task)
     task.add_done_callback(_sent)

@@ -277,44 +277,6 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
     if any(event.kind in branches.KINDS for event in events):
         # The path changed (an edit, a regeneration, a switch of version): the whole list.
         return pages.message_list(chat_id, events[-1].seq) + seq_marker(events[-1].seq)
-    return _render_events(events, chat_id, _new_items(events, chat_id))
-
-
-# What a send writes (its message, the chat's first title) renders from the events and
-# the items' version switchers alone: no other read of the database.
-READ_FREE_KINDS = frozenset({"msg", "title"})
-
-
-def fragments_later(events: list[StoredEvent], chat_id: str) -> Callable[[], str] | None:
-    """For a send's events: read now what their fragments need, render them later.
-
-    Called on the database thread, in or right after the transaction; the render it
-    returns touches no database, so the event loop can run it (the send's doorbell:
-    its render held the one database thread, a fifth of a run's cost there). None for
-    events whose fragments read more (those render at once, with
-    :func:`fragments_for_events`).
-    """
-    if not events or any(
-        event.kind not in READ_FREE_KINDS
-        or event.kind in _event_fragments
-        or _changes_artifacts(event)
-        for event in events
-    ):
-        return None
-    made = _new_items(events, chat_id)
-    return lambda: _render_events(events, chat_id, made)
-
-
-def _new_items(events: list[StoredEvent], chat_id: str) -> dict[int, display.DisplayItem]:
-    """The items the events make, by seq, with their version switchers (a read)."""
-    new_items = [item for event in events if (item := display.item_from_event(event))]
-    pages.mark_new_versions(chat_id, new_items, events[0].seq if events else 0)
-    return {item.seq: item for item in new_items}
-
-
-def _render_events(
-    events: list[StoredEvent], chat_id: str, made: dict[int, display.DisplayItem]
-) -> str:
     parts: list[str] = []
     items_html: list[str] = []
     status: str | None = None
@@ -326,6 +288,9 @@ def _render_events(
             items_html.clear()
 
     ended = False  # a run ended in this batch: what it closes after does not bring it back
+    new_items = [item for event in events if (item := display.item_from_event(event))]
+    pages.mark_new_versions(chat_id, new_items, events[0].seq if events else 0)
+    made = {item.seq: item for item in new_items}
     for event in events:
         if (text := _status_for(event)) is not None and (not ended or event.kind == "run_start"):
             status = text

@@ -917,11 +917,12 @@ async def test_switching_model_reaches_every_subscriber_and_unknown_models_chang
 
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])
-async def test_a_sends_doorbell_rendered_on_the_loop_is_the_one_rendered_in_place(
+async def test_a_sends_doorbell_carries_its_events_rendered_in_the_senders_language(
     alice, agent, language
 ):
-    """The send's doorbell is rendered by the event loop, after the database thread's
-    trip; it carries what a render in place (in the sender's language) carries."""
+    """The send's doorbell carries the message and title as a render of the log's
+    events in the sender's language shows them (wherever the doorbell is rendered: a
+    render moved to the event loop once lost the language, see bench/README)."""
     from django.utils import translation
 
     from chat.live.doorbell import chat_group, events_doorbell
