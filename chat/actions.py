@@ -329,9 +329,10 @@ def _record_send(
         run = transitions.new_run(chat, thinking=thinking)
     # The message's seq (and the title's after it) is reserved before the input is
     # stored: the message names its input, the input its seq.
-    titled = not chat.title
-    count = 2 if titled else 1
-    seq = store.reserve_seqs(chat.pk, store.DISPLAY, count) + 1
+    # A new chat's provisional title is set in the same statement.
+    title_text = provisional_title(text) if not chat.title else None
+    count = 1 if title_text is None else 2
+    seq = store.reserve_seqs(chat.pk, store.DISPLAY, count, title=title_text) + 1
     entry = QueuedInput.objects.create(
         chat=chat,
         client_id=client_id,
@@ -350,9 +351,7 @@ def _record_send(
             artifacts.card_payload(v.artifact, v) | {"type": "attachment"} for v in attached
         ]
     payloads = [msg_event(message, store.now_ms())]
-    if titled:
-        title_text = provisional_title(text)
-        ChatSession.objects.filter(pk=chat.pk).update(title=title_text)
+    if title_text is not None:
         payloads.append({"type": "title", "title": title_text})
     rows = store.insert_events(chat.pk, store.DISPLAY, seq - 1, payloads)
     row = rows[0]

@@ -59,7 +59,7 @@ def append_to_channels(
     return written
 
 
-def _reserve_seqs(chat_id, counts: dict[str, int]) -> dict[str, int]:
+def _reserve_seqs(chat_id, counts: dict[str, int], *, title: str | None = None) -> dict[str, int]:
     """Move the chat's counters on (field -> count), holding its row lock; each the seq
     before.
 
@@ -73,13 +73,21 @@ def _reserve_seqs(chat_id, counts: dict[str, int]) -> dict[str, int]:
     columns = [quote(opts.get_field(field).column) for field in fields]
     updated = opts.get_field("updated_at")
     moves = ", ".join(f"{column} = {column} + %s" for column in columns)
+    titling = ""
+    if title is not None:
+        titling = f"{quote(opts.get_field('title').column)} = %s, "
     sql = (
-        f"UPDATE {quote(opts.db_table)} SET {moves}, "
+        f"UPDATE {quote(opts.db_table)} SET {moves}, {titling}"
         f"{quote(updated.column)} = %s WHERE {quote(opts.pk.column)} = %s "
         f"RETURNING {', '.join(columns)}"
     )
     params = [
         *(counts[field] for field in fields),
+        *(
+            [opts.get_field("title").get_db_prep_value(title, connection)]
+            if title is not None
+            else []
+        ),
         updated.get_db_prep_value(timezone.now(), connection),
         opts.pk.get_db_prep_value(chat_id, connection),
     ]
@@ -91,10 +99,13 @@ def _reserve_seqs(chat_id, counts: dict[str, int]) -> dict[str, int]:
     return {field: value - counts[field] for field, value in zip(fields, row, strict=True)}
 
 
-def reserve_seqs(chat_id, channel: str, count: int) -> int:
+def reserve_seqs(chat_id, channel: str, count: int, *, title: str | None = None) -> int:
     """Reserve ``count`` seqs of ``channel`` (inside a transaction); the seq before them.
-    The caller writes them with :func:`insert_events` in the same transaction."""
-    return _reserve_seqs(chat_id, {_SEQ_FIELD[channel]: count})[_SEQ_FIELD[channel]]
+    The caller writes them with :func:`insert_events` in the same transaction.
+
+    ``title``: set the chat's title in the same statement (a chat's first message).
+    """
+    return _reserve_seqs(chat_id, {_SEQ_FIELD[channel]: count}, title=title)[_SEQ_FIELD[channel]]
 
 
 def insert_events(

@@ -911,3 +911,46 @@ async def test_switching_model_reaches_every_subscriber_and_unknown_models_chang
     await settle()
     assert (await Run.objects.aget(chat_id=chat.pk)).model == "demo-fast"
     await close_all(one, two)
+
+
+# --- the send's doorbell -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("language", ["en", "zh-hans"])
+async def test_a_sends_doorbell_carries_its_events_rendered_in_the_senders_language(
+    alice, agent, language
+):
+    """The send's doorbell carries the message and title as a render of the log's
+    events in the sender's language shows them (wherever the doorbell is rendered: a
+    render moved to the event loop once lost the language, see bench/README)."""
+    from django.utils import translation
+
+    from chat.live.doorbell import chat_group, events_doorbell
+    from chat.models import ChatEvent
+
+    chat = await new_chat(alice, model="demo")
+    layer = live_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(chat_group(chat.pk), channel)
+
+    def send() -> actions.SendResult:
+        with translation.override(language):
+            return actions.send_message(alice, chat.pk, "hello <b>loop</b>", "c-loop")
+
+    sent = await adb(send)()
+    doorbell = await asyncio.wait_for(layer.receive(channel), WAIT)
+    await settle()
+
+    def in_place() -> dict:
+        rows = list(
+            ChatEvent.objects.filter(
+                chat_id=chat.pk, channel=ChatEvent.Channel.DISPLAY, seq__lte=doorbell["seq"]
+            ).order_by("seq")
+        )
+        with translation.override(language):
+            return events_doorbell(chat.pk, rows)
+
+    assert doorbell == await adb(in_place)()
+    assert doorbell["after"] == sent.display_seq - 1
+    assert [kind for _seq, kind, _short in doorbell["events"]] == ["msg", "title"]
+    assert "hello &lt;b&gt;loop&lt;/b&gt;" in doorbell["html"]
