@@ -132,9 +132,9 @@ class PipelinedPubSubChannelLayer(RedisPubSubChannelLayer):
         await shard.publish(group_channel, self.serialize(message))
 
     def forget_soon(self, key: str) -> None:
-        """Delete ``key`` in the next round trip of the publishes (a failure is only
-        logged by Redis's absence: the key expires)."""
-        self._get_layer()._get_shard(key).enqueue("delete", key)
+        """Delete ``key`` once every round trip already enqueued or out is answered (a
+        failure is only logged by Redis's absence: the key expires)."""
+        self._get_layer()._get_shard(key).enqueue_after_out("delete", key)
 
     def _get_layer(self) -> RedisPubSubLoopLayer:
         loop = asyncio.get_running_loop()
@@ -169,6 +169,9 @@ class _PipelinedShard(RedisSingleShardConnection):
         self._batch_sent: asyncio.Future[None] | None = None
         self._sender: asyncio.Task[None] | None = None
         self._in_flight = asyncio.Semaphore(PIPELINES_IN_FLIGHT)
+        # Round trips enqueued or out, not yet answered; and the tasks that wait for them.
+        self._unanswered: set[asyncio.Future[None]] = set()
+        self._waiting: set[asyncio.Task[None]] = set()
 
     async def publish(self, channel: str, message: bytes) -> None:
         self.enqueue("publish", channel, message)
@@ -180,8 +183,30 @@ class _PipelinedShard(RedisSingleShardConnection):
             loop = asyncio.get_running_loop()
             self._batch_sent = loop.create_future()
             self._batch_sent.add_done_callback(_retrieve)
+            self._unanswered.add(self._batch_sent)
+            self._batch_sent.add_done_callback(self._unanswered.discard)
             self._sender = loop.create_task(self._send_batch())
         self._batch.append((command, args, kwargs))
+
+    def enqueue_after_out(self, command: str, *args: Any) -> None:
+        """Put a command in a round trip that leaves after every one enqueued or out now.
+
+        Round trips on different connections may reach Redis in any order: a run's last
+        snapshot (which sets its pushed copy) can still be out when the run ends, and the
+        copy's delete must not overtake it.
+        """
+        earlier = list(self._unanswered)
+        if not earlier:
+            self.enqueue(command, *args)
+            return
+
+        async def after_them() -> None:
+            await asyncio.wait(earlier)
+            self.enqueue(command, *args)
+
+        task = asyncio.get_running_loop().create_task(after_them())
+        self._waiting.add(task)
+        task.add_done_callback(self._waiting.discard)
 
     async def flushed(self) -> None:
         """Wait for the round trip carrying what is enqueued so far."""

@@ -11,6 +11,7 @@ import pytest
 from channels.consumer import AsyncConsumer
 from channels.exceptions import StopConsumer
 from channels.layers import channel_layers
+from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -282,6 +283,43 @@ async def test_round_trips_go_out_side_by_side_up_to_the_limit(pubsub_pair, monk
     assert [m["n"] for m in await _receive_all(receiver, channels[0], 4)] == [-1, 0, 1, 2]
     for channel in channels[1:]:
         assert [m["n"] for m in await _receive_all(receiver, channel, 3)] == [0, 1, 2]
+
+
+async def test_a_key_forgotten_while_its_set_is_out_is_deleted_after_the_set(
+    pubsub_pair, monkeypatch
+):
+    """A run's last snapshot (setting its pushed copy) can still be out on one connection
+    when the run ends: the copy's delete, on another, must not reach Redis first."""
+    sender, receiver = pubsub_pair
+    channel = await receiver.new_channel()
+    await receiver.group_add("chat.1", channel)
+    await sender.group_send("chat.1", {"type": "x", "n": -1})  # connected
+    key = f"lyceum-test-pushed-{uuid.uuid4().hex[:12]}"
+    original = Pipeline.execute
+
+    async def slow_sets(self, *args, **kwargs):
+        if any(command[0] == "SET" for command, _options in self.command_stack):
+            await asyncio.sleep(0.2)  # the snapshot's round trip is slow
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", slow_sets)
+    snapshot = asyncio.ensure_future(
+        sender.group_send_keeping("chat.1", {"type": "x", "n": 0}, key, b"copy", 30)
+    )
+    await asyncio.sleep(0.05)  # its round trip is out
+    sender.forget_soon(key)
+    await snapshot
+
+    redis = Redis.from_url(REDIS_URL)
+    try:
+        for _ in range(100):  # the delete follows the set's answer
+            if not await redis.exists(key):
+                break
+            await asyncio.sleep(0.02)
+        assert not await redis.exists(key)
+    finally:
+        await redis.delete(key)
+        await redis.aclose()
 
 
 async def test_a_failed_round_trip_fails_each_of_its_sends_and_the_next_one_works(
