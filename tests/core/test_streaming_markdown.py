@@ -123,12 +123,7 @@ def test_words_and_whole_spans_after_a_word_are_appended_without_rendering(monke
     stream = StreamingMarkdown()
     text = "Intro with **bold**.\n\n- item one"
     stream.render(text)
-    parsed: list[str] = []
-    md = markdown._markdown()
-    real_parse = md.parse
-    monkeypatch.setattr(
-        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
-    )
+    parsed = _parses(monkeypatch)
 
     for word in [" and", " two", "  ", "three ", "**bold**", " `code`", " *it* ", "end"]:
         text += word
@@ -190,12 +185,7 @@ def test_a_list_growing_item_by_item_parses_only_its_last_item(monkeypatch):
     text = intro + "\n" + "\n".join(f"- step {n} of the plan" for n in range(30))
     stream = StreamingMarkdown()
     stream.render(text)
-    parsed: list[str] = []
-    md = markdown._markdown()
-    real_parse = md.parse
-    monkeypatch.setattr(
-        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
-    )
+    parsed = _parses(monkeypatch)
 
     for n in range(30, 35):
         text += f"\n- step {n}"
@@ -231,12 +221,7 @@ def test_new_items_of_words_are_appended_without_rendering(monkeypatch):
     stream = StreamingMarkdown()
     text = "Intro words\n- one\n- two"
     stream.render(text)
-    parsed: list[str] = []
-    md = markdown._markdown()
-    real_parse = md.parse
-    monkeypatch.setattr(
-        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
-    )
+    parsed = _parses(monkeypatch)
 
     for piece in [" more", "\n- three **bold**", " and", "\n- four `code`", "\n- five"]:
         text += piece
@@ -256,12 +241,7 @@ def test_several_new_lines_in_one_push_are_appended_without_rendering(monkeypatc
     stream = StreamingMarkdown()
     text = "Intro words\n- one"
     stream.render(text)
-    parsed: list[str] = []
-    md = markdown._markdown()
-    real_parse = md.parse
-    monkeypatch.setattr(
-        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
-    )
+    parsed = _parses(monkeypatch)
 
     pushes = [
         " more\n- two\n- three **bold**",  # words to the last item, then two new items
@@ -282,3 +262,14 @@ def test_several_new_lines_in_one_push_are_appended_without_rendering(monkeypatc
     for piece in ["\n\n", "  indented", "\n\n1 digits first", "\n- item\n\n- loose"]:
         text += piece  # what the fast paths leave to the renderer
         assert stream.render(text) == render_markdown_uncached(text)
+
+
+def _parses(monkeypatch) -> list[str]:
+    """The sources the markdown parser is given from now on (until ``monkeypatch.undo``)."""
+    parsed: list[str] = []
+    md = markdown._markdown()
+    real_parse = md.parse
+    monkeypatch.setattr(
+        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
+    )
+    return parsed

@@ -353,7 +353,7 @@ async def test_a_request_gone_while_redis_answers_leaves_a_record_and_gives_back
     import redis
 
     from chat.apikeys import authenticate_api_key
-    from chat.relay import service, writer
+    from chat.relay import service
 
     _provider, raw = relay_data
     await sync_to_async(RelayLimit.objects.create)(user=alice, monthly_tokens=10_000)
@@ -373,10 +373,7 @@ async def test_a_request_gone_while_redis_answers_leaves_a_record_and_gives_back
         assert _budget(redis_limits, alice) == {b"used": b"0", b"held": b"0"}  # still paused
     finally:
         admin.client_unpause()
-    deadline = time.monotonic() + 5
-    while writer.writer.pending() == 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    await sync_to_async(writer.flush)()
+    await _records_written(1)
     (record,) = [r async for r in UsageRecord.objects.filter(user=alice)]
     assert (record.status, record.error) == ("cancelled", "the client disconnected")
     assert _budget(redis_limits, alice) == {
@@ -393,7 +390,7 @@ async def test_a_request_gone_while_the_database_admits_leaves_a_record_and_give
     upstream connected meanwhile), the request is still recorded as cancelled and the
     tokens its admission held given back."""
     from chat.apikeys import authenticate_api_key
-    from chat.relay import service, writer
+    from chat.relay import service
 
     _provider, raw = relay_data
     await sync_to_async(RelayLimit.objects.create)(user=alice, monthly_tokens=10_000)
@@ -413,10 +410,7 @@ async def test_a_request_gone_while_the_database_admits_leaves_a_record_and_give
     finally:
         release.set()
     await busy
-    deadline = time.monotonic() + 5
-    while writer.writer.pending() < 2 and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    await sync_to_async(writer.flush)()
+    await _records_written(2)
     records = [r async for r in UsageRecord.objects.filter(user=alice).order_by("pk")]
     assert [(r.status, r.error) for r in records] == [
         ("ok", ""),
@@ -424,3 +418,13 @@ async def test_a_request_gone_while_the_database_admits_leaves_a_record_and_give
     ]
     counter = await sync_to_async(UsageCounter.objects.get)(scope=f"user:{alice.pk}")
     assert counter.reserved_tokens == 0
+
+
+async def _records_written(count: int) -> None:
+    """Wait (up to 5 s) for ``count`` usage records queued by the relay, then write them."""
+    from chat.relay import writer
+
+    deadline = time.monotonic() + 5
+    while writer.writer.pending() < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await sync_to_async(writer.flush)()
