@@ -103,7 +103,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
         """A write outside a transaction (autocommit): its own implicit transaction."""
         if self.in_atomic_block or self._writer_lock is not None and self._writer_lock.held:
             return False
-        return query.lstrip()[:7].lower().startswith(_WRITES) and self.writer_lock() is not None
+        # The head only: every statement passes here, and a query may be long.
+        return (
+            query[:32].lstrip()[:7].lower().startswith(_WRITES) and self.writer_lock() is not None
+        )
 
     def statement_lock(self) -> _StatementLock:
         lock = self.writer_lock()
