@@ -269,7 +269,10 @@ def _parses(monkeypatch) -> list[str]:
     parsed: list[str] = []
     md = markdown._markdown()
     real_parse = md.parse
-    monkeypatch.setattr(
-        md, "parse", lambda src, env=None: parsed.append(src) or real_parse(src, env)
-    )
+
+    def counting(src, env=None):
+        parsed.append(src)
+        return real_parse(src, env)
+
+    monkeypatch.setattr(md, "parse", counting)
     return parsed
