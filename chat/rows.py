@@ -73,6 +73,52 @@ def instance(model: type[Model], values: Sequence[Any]) -> Any:
     return model.from_db(connection.alias, list(names), convert(model, names, values))
 
 
+def create(model: type[Model], /, **values: Any) -> Any:
+    """``model.objects.create(**values)`` in one written-out ``INSERT … RETURNING``: the
+    same defaults, ``auto_now_add`` and value preparation, without the ORM's building of
+    the statement. It sends no ``pre_save``/``post_save`` signals: only for models nothing
+    listens to (a run, a message's input)."""
+    obj = model(**values)
+    opts = model._meta
+    pk = opts.pk
+    assert pk is not None
+    auto_pk = getattr(pk, "db_returning", False) and obj.pk is None
+    fields = [f for f in opts.concrete_fields if not (auto_pk and f is pk)]
+    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    quote = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {table(model)} ({', '.join(quote(str(f.column)) for f in fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))})"
+    )
+    if auto_pk:
+        sql += f" RETURNING {quote(str(pk.column))}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        if auto_pk:
+            (obj.pk,) = convert(model, [pk.attname], cursor.fetchone())
+    obj._state.adding = False
+    obj._state.db = connection.alias
+    return obj
+
+
+def update(model: type[Model], pk: Any, /, **changes: Any) -> int:
+    """``model.objects.filter(pk=pk).update(**changes)`` (plain values, no expressions) in
+    one written-out statement; the rows changed."""
+    quote = connection.ops.quote_name
+    fields = [_field(model, name) for name in changes]
+    sets = ", ".join(f"{quote(str(f.column))} = %s" for f in fields)
+    params = [
+        f.get_db_prep_save(value, connection)
+        for f, value in zip(fields, changes.values(), strict=True)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table(model)} SET {sets} WHERE {column(model, 'pk')} = %s",
+            [*params, prep(model, "pk", pk)],
+        )
+        return cursor.rowcount
+
+
 def prep(model: type[Model], name: str, value: Any) -> Any:
     """``value`` as a parameter for field ``name`` (as a filter or a save would pass it)."""
     return _field(model, name).get_db_prep_save(value, connection)

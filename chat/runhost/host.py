@@ -168,7 +168,7 @@ class DjangoRunHost:
         if iterations:
             changes["iteration"] = iterations[-1]
         if changes:
-            Run.objects.filter(pk=self.run.pk).update(**changes)
+            rows.update(Run, self.run.pk, **changes)  # written out: every commit of a run
         return written[store.DISPLAY]
 
     def take_new_display(self, *, remember_html: bool = False) -> list[ChatMessage]:
