@@ -135,6 +135,21 @@ class PipelinedPubSubChannelLayer(RedisPubSubChannelLayer):
         shard.enqueue("SET", key, value, "EX", ttl)
         await shard.publish(group_channel, self.serialize(message))
 
+    def inbox(self, channel: str) -> asyncio.Queue:
+        """The queue the subscription puts ``channel``'s messages in (serialized), for a
+        consumer that reads it itself (``chat.live.direct``); made by ``new_channel``."""
+        return self._get_layer().channels[channel]
+
+    async def close_inbox(self, channel: str) -> None:
+        """The consumer of ``channel`` is gone: forget it and unsubscribe, as a
+        cancelled ``receive`` does."""
+        layer = self._get_layer()
+        if layer.channels.pop(channel, None) is not None:
+            try:
+                await layer._get_shard(channel).unsubscribe(channel)
+            except Exception:  # noqa: BLE001 - as channels_redis: the consumer ends anyway
+                logger.exception("Unexpected exception while cleaning-up channel:")
+
     def forget_soon(self, key: str) -> None:
         """Delete ``key`` once every round trip already enqueued or out is answered (a
         failure is only logged by Redis's absence: the key expires)."""

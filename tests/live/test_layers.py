@@ -350,6 +350,41 @@ async def test_a_failed_round_trip_fails_each_of_its_sends_and_the_next_one_work
     assert (await asyncio.wait_for(receiver.receive(channel), 5))["n"] == 99
 
 
+async def test_a_consumer_reads_its_subscription_and_its_client_from_one_queue(
+    pubsub_pair, monkeypatch
+):
+    """On the live pub/sub layer too, without a task per message: what Redis gave and
+    what the client sent are handled in the order they came, and the consumer's channel
+    is unsubscribed when it leaves."""
+    sender, receiver = pubsub_pair
+    monkeypatch.setattr(channel_layers, "backends", {"default": receiver})
+    consumer = _Recorder()
+    consumer.seen = []
+    client: asyncio.Queue = asyncio.Queue()
+    running = asyncio.ensure_future(consumer({"type": "test"}, client.get, None))
+    while not hasattr(consumer, "channel_name"):
+        await asyncio.sleep(0)
+    await receiver.group_add("chat.1", consumer.channel_name)
+    shard = receiver._get_layer()._get_shard(consumer.channel_name)
+    assert consumer.channel_name in shard._subscribed_to
+
+    async def arrived(count: int) -> None:
+        while len(consumer.seen) < count:
+            await asyncio.sleep(0.01)
+
+    await sender.group_send("chat.1", {"type": "chat.stream", "n": 1})
+    await asyncio.wait_for(arrived(1), 5)
+    await client.put({"type": "client.frame", "n": 2})
+    await sender.group_send("chat.1", {"type": "chat.stream", "n": 3})
+    await asyncio.wait_for(arrived(3), 5)
+    await client.put({"type": "client.frame", "n": "stop"})
+    await asyncio.wait_for(running, 5)
+
+    assert consumer.seen == [("layer", 1), ("client", 2), ("layer", 3), ("client", "stop")]
+    assert consumer.channel_name not in receiver._get_layer().channels  # gone with it
+    assert consumer.channel_name not in shard._subscribed_to
+
+
 def test_the_round_trip_writes_what_redis_py_would():
     from redis.asyncio.connection import Connection
 
