@@ -322,31 +322,6 @@ async def _discard(pool: Any, connection: Any) -> None:
         await connection.disconnect(nowait=True)
     await pool.release(connection)
 
-    async def _do_receiving(self) -> None:
-        """channels_redis's loop, reading the subscription without a timeout.
-
-        Its loop asked for each message with a timeout of 0.1 s (a timeout context per
-        message, and a wake-up every 0.1 s with nothing to read); a web process gets a
-        message per snapshot of every chat its sockets follow. Here the read waits
-        until something comes; a dropped connection still raises (redis-py reconnects
-        and subscribes again on the next read), and the task is still cancelled by
-        ``flush``.
-        """
-        while True:
-            try:
-                if self._pubsub and self._pubsub.subscribed:
-                    message = await self._pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=None
-                    )
-                    self._receive_message(message)
-                else:
-                    await asyncio.sleep(0.1)
-            except (TimeoutError, asyncio.CancelledError, GeneratorExit):
-                raise
-            except BaseException:
-                logger.exception("Unexpected exception in receive task")
-                await asyncio.sleep(1)
-
 
 def _retrieve(future: asyncio.Future) -> None:
     # The callers see the failure; none may be left waiting, and that is not an error.
