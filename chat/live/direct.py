@@ -1,5 +1,5 @@
 """Consumers that dispatch messages without a trip to the database thread, and (on the
-in-memory layer) without a task per message."""
+in-memory layer and the live pub/sub one) without a task per message."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.layers import get_channel_layer
 
-from chat.live.layers import LeanInMemoryChannelLayer
+from chat.live.layers import LeanInMemoryChannelLayer, PipelinedPubSubChannelLayer
 
 
 class DirectDispatch:
@@ -39,6 +39,9 @@ class DirectDispatch:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         layer = get_channel_layer(self.channel_layer_alias)  # type: ignore[attr-defined]
+        if isinstance(layer, PipelinedPubSubChannelLayer) and not getattr(self, "_sync", False):
+            await self._read_subscription(layer, scope, receive, send)
+            return
         if getattr(self, "_sync", False) or not isinstance(layer, LeanInMemoryChannelLayer):
             await super().__call__(scope, receive, send)  # type: ignore[misc]
             return
@@ -61,6 +64,36 @@ class DirectDispatch:
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
+
+    async def _read_subscription(
+        self, layer: PipelinedPubSubChannelLayer, scope: Any, receive: Any, send: Any
+    ) -> None:
+        """The same on the live pub/sub layer (a web process with Redis): its
+        subscription puts the channel's messages, as Redis gave them, in a queue that
+        the consumer reads, with the client's messages pumped in beside them."""
+        self.scope = scope
+        self.channel_layer = layer
+        self.channel_name = await layer.new_channel()
+        self.base_send = send
+        inbox = layer.inbox(self.channel_name)
+        pump = asyncio.ensure_future(_pump(receive, inbox))
+        try:
+            while True:
+                item = await inbox.get()
+                if type(item) is bytes:  # from Redis
+                    await self.dispatch(layer.deserialize(item))
+                    continue
+                _expires, message = item
+                if isinstance(message, _Failed):
+                    raise message.error
+                await self.dispatch(message)
+        except StopConsumer:
+            pass
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            await layer.close_inbox(self.channel_name)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from copy import deepcopy
 from typing import Any
@@ -27,6 +28,9 @@ from channels_redis.pubsub import (
 )
 from channels_redis.utils import _wrap_close
 from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -128,13 +132,28 @@ class PipelinedPubSubChannelLayer(RedisPubSubChannelLayer):
         layer = self._get_layer()
         group_channel = layer._get_group_channel_name(group)
         shard = layer._get_shard(group_channel)
-        shard.enqueue("set", key, value, ex=ttl)
+        shard.enqueue("SET", key, value, "EX", ttl)
         await shard.publish(group_channel, self.serialize(message))
+
+    def inbox(self, channel: str) -> asyncio.Queue:
+        """The queue the subscription puts ``channel``'s messages in (serialized), for a
+        consumer that reads it itself (``chat.live.direct``); made by ``new_channel``."""
+        return self._get_layer().channels[channel]
+
+    async def close_inbox(self, channel: str) -> None:
+        """The consumer of ``channel`` is gone: forget it and unsubscribe, as a
+        cancelled ``receive`` does."""
+        layer = self._get_layer()
+        if layer.channels.pop(channel, None) is not None:
+            try:
+                await layer._get_shard(channel).unsubscribe(channel)
+            except Exception:  # noqa: BLE001 - as channels_redis: the consumer ends anyway
+                logger.exception("Unexpected exception while cleaning-up channel:")
 
     def forget_soon(self, key: str) -> None:
         """Delete ``key`` once every round trip already enqueued or out is answered (a
         failure is only logged by Redis's absence: the key expires)."""
-        self._get_layer()._get_shard(key).enqueue_after_out("delete", key)
+        self._get_layer()._get_shard(key).enqueue_after_out("DEL", key)
 
     def _get_layer(self) -> RedisPubSubLoopLayer:
         loop = asyncio.get_running_loop()
@@ -164,21 +183,28 @@ PIPELINES_IN_FLIGHT = 4
 class _PipelinedShard(RedisSingleShardConnection):
     def __init__(self, host: dict, channel_layer: RedisPubSubLoopLayer) -> None:
         super().__init__(host, channel_layer)
-        # Commands of the next round trip: a pipeline method's name, its arguments.
-        self._batch: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        # Commands of the next round trip, each as Redis's arguments ("SET", key, ...).
+        self._batch: list[tuple[Any, ...]] = []
         self._batch_sent: asyncio.Future[None] | None = None
         self._sender: asyncio.Task[None] | None = None
         self._in_flight = asyncio.Semaphore(PIPELINES_IN_FLIGHT)
         # Round trips enqueued or out, not yet answered; and the tasks that wait for them.
         self._unanswered: set[asyncio.Future[None]] = set()
         self._waiting: set[asyncio.Task[None]] = set()
+        # Connections of this shard's round trips, between them (see _round_trip).
+        self._idle: list[Any] = []
+
+    async def flush(self) -> None:
+        self._idle.clear()  # closed with the pool
+        await super().flush()
 
     async def publish(self, channel: str, message: bytes) -> None:
-        self.enqueue("publish", channel, message)
+        self.enqueue("PUBLISH", channel, message)
         await self.flushed()
 
-    def enqueue(self, command: str, *args: Any, **kwargs: Any) -> None:
-        """Put a command in the next round trip (in order with the publishes)."""
+    def enqueue(self, *command: Any) -> None:
+        """Put a command (Redis's name, its arguments) in the next round trip, in order
+        with the publishes."""
         if self._batch_sent is None:
             loop = asyncio.get_running_loop()
             self._batch_sent = loop.create_future()
@@ -186,9 +212,9 @@ class _PipelinedShard(RedisSingleShardConnection):
             self._unanswered.add(self._batch_sent)
             self._batch_sent.add_done_callback(self._unanswered.discard)
             self._sender = loop.create_task(self._send_batch())
-        self._batch.append((command, args, kwargs))
+        self._batch.append(command)
 
-    def enqueue_after_out(self, command: str, *args: Any) -> None:
+    def enqueue_after_out(self, *command: Any) -> None:
         """Put a command in a round trip that leaves after every one enqueued or out now.
 
         Round trips on different connections may reach Redis in any order: a run's last
@@ -197,12 +223,12 @@ class _PipelinedShard(RedisSingleShardConnection):
         """
         earlier = list(self._unanswered)
         if not earlier:
-            self.enqueue(command, *args)
+            self.enqueue(*command)
             return
 
         async def after_them() -> None:
             await asyncio.wait(earlier)
-            self.enqueue(command, *args)
+            self.enqueue(*command)
 
         task = asyncio.get_running_loop().create_task(after_them())
         self._waiting.add(task)
@@ -220,10 +246,7 @@ class _PipelinedShard(RedisSingleShardConnection):
             self._batch, self._batch_sent = [], None
             try:
                 self._ensure_redis()
-                pipe = self._redis.pipeline(transaction=False)
-                for command, args, kwargs in batch:
-                    getattr(pipe, command)(*args, **kwargs)
-                await pipe.execute()
+                await self._round_trip(batch)
             except BaseException as exc:
                 if isinstance(exc, asyncio.CancelledError):
                     sent.cancel()
@@ -231,6 +254,73 @@ class _PipelinedShard(RedisSingleShardConnection):
                 sent.set_exception(exc)
             else:
                 sent.set_result(None)
+
+    async def _round_trip(self, commands: list[tuple[Any, ...]]) -> None:
+        """Send ``commands`` in one write on a connection of the shard's own and read
+        their replies (each a line: ``+OK``, an integer, or an error).
+
+        redis-py's pipeline took a connection from the pool and gave it back each time
+        (a lock, and a read to see the connection had nothing left over), and ran each
+        reply through its callbacks, its retry wrapper, its metrics and a timeout of its
+        own: with the write, a sixth of a worker's event loop streaming 100 replies
+        (cProfile, bench/README). Here the connections stay the shard's between round
+        trips (one per round trip out at once), and one timeout covers the round trip.
+        As redis-py's did (the hosts' ``retry_on_error``), a round trip that finds its
+        connection gone is made again once, on a new one.
+        """
+        pool = self._redis.connection_pool
+        for attempt in (1, 2):
+            connection = self._idle.pop() if self._idle else await pool.get_connection()
+            error: ResponseError | None = None
+            try:
+                async with asyncio.timeout(connection.socket_timeout):
+                    packed = _pack(commands, connection.encoder)
+                    await connection.send_packed_command(packed, check_health=False)
+                    for _ in commands:
+                        try:
+                            await connection.read_response(timeout=math.inf)
+                        except ResponseError as exc:  # the others' replies are still read
+                            error = error or exc
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                await _discard(pool, connection)
+                if attempt == 2:
+                    raise
+                continue
+            except BaseException:
+                await _discard(pool, connection)  # replies may be left unread on it
+                raise
+            self._idle.append(connection)
+            if error is not None:
+                raise error
+            return
+
+
+def _pack(commands: list[tuple[Any, ...]], encoder: Any) -> list[bytes]:
+    """Commands in Redis's protocol, as pieces of one write (what redis-py's
+    ``pack_commands`` writes). Its packer was a fifth of the round trip's time; here a
+    snapshot's arguments (str keys and channels, bytes values, an int TTL) take the
+    short ways, anything else redis-py's encoder."""
+    out: list[bytes] = []
+    for command in commands:
+        out.append(b"*%d\r\n" % len(command))
+        for arg in command:
+            kind = type(arg)
+            if kind is bytes:
+                data = arg
+            elif kind is str:
+                data = arg.encode(encoder.encoding, encoder.encoding_errors)
+            elif kind is int:
+                data = b"%d" % arg
+            else:
+                data = encoder.encode(arg)
+            out += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return out
+
+
+async def _discard(pool: Any, connection: Any) -> None:
+    with contextlib.suppress(Exception):
+        await connection.disconnect(nowait=True)
+    await pool.release(connection)
 
 
 def _retrieve(future: asyncio.Future) -> None:

@@ -499,12 +499,19 @@ async def _watch(run_id: str, body: asyncio.Task, kept: KeptRun) -> str:
     group = run_control_group(run_id)
     await layer.group_add(group, channel)
     started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    # One receive stays pending from look to look (``wait_for`` made a task for each
+    # look and cancelled it), and every run's looks fall on one grid of the loop's
+    # clock: a hundred watchers wake in one turn of the event loop, not in a hundred.
+    receive = asyncio.ensure_future(layer.receive(channel))
     try:
         while not body.done():
-            try:
-                message = await asyncio.wait_for(layer.receive(channel), WATCH_INTERVAL)
-            except TimeoutError:
-                message = None
+            look_at = (loop.time() // WATCH_INTERVAL + 1) * WATCH_INTERVAL
+            await asyncio.wait((receive,), timeout=look_at - loop.time())
+            message = None
+            if receive.done():
+                message = receive.result()
+                receive = asyncio.ensure_future(layer.receive(channel))
             if (message and message.get("type") == "run.cancel") or kept.cancel_requested.is_set():
                 body.cancel()
                 return "cancel"
@@ -513,6 +520,8 @@ async def _watch(run_id: str, body: asyncio.Task, kept: KeptRun) -> str:
                 return "guard"
         return "done"
     finally:
+        if not receive.cancel() and not receive.cancelled():
+            receive.exception()  # a failed receive was raised above or is moot now
         await layer.group_discard(group, channel)
 
 

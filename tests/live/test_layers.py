@@ -12,12 +12,15 @@ from channels.consumer import AsyncConsumer
 from channels.exceptions import StopConsumer
 from channels.layers import channel_layers
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from chat.live import doorbell, layers
 from chat.live.direct import DirectDispatch
-from chat.live.layers import LeanInMemoryChannelLayer, PipelinedPubSubChannelLayer
+from chat.live.layers import (
+    LeanInMemoryChannelLayer,
+    PipelinedPubSubChannelLayer,
+    _PipelinedShard,
+)
 
 
 async def test_a_group_message_reaches_every_member_once():
@@ -203,13 +206,13 @@ async def test_publishes_of_one_moment_go_in_one_round_trip_in_order(pubsub_pair
     for index, channel in enumerate(channels):
         await receiver.group_add(f"chat.{index}", channel)
     executed: list[int] = []
-    original = Pipeline.execute
+    original = _PipelinedShard._round_trip
 
-    async def counting(self, *args, **kwargs):
-        executed.append(len(self.command_stack))
-        return await original(self, *args, **kwargs)
+    async def counting(self, commands):
+        executed.append(len(commands))
+        return await original(self, commands)
 
-    monkeypatch.setattr(Pipeline, "execute", counting)
+    monkeypatch.setattr(_PipelinedShard, "_round_trip", counting)
 
     await asyncio.gather(
         *(sender.group_send(f"chat.{n % 3}", {"type": "x", "n": n}) for n in range(60))
@@ -229,14 +232,14 @@ async def test_what_is_published_during_a_round_trip_goes_in_the_next(pubsub_pai
     await receiver.group_add("chat.1", channel)
     await sender.group_send("chat.1", {"type": "x", "n": -1})  # connected
     executed: list[int] = []
-    original = Pipeline.execute
+    original = _PipelinedShard._round_trip
 
-    async def slow(self, *args, **kwargs):
-        executed.append(len(self.command_stack))
+    async def slow(self, commands):
+        executed.append(len(commands))
         await asyncio.sleep(0.05)  # a slow round trip
-        return await original(self, *args, **kwargs)
+        return await original(self, commands)
 
-    monkeypatch.setattr(Pipeline, "execute", slow)
+    monkeypatch.setattr(_PipelinedShard, "_round_trip", slow)
 
     async def later(n: int) -> None:
         await asyncio.sleep(0.01 * (n // 10))  # while the first round trip is out
@@ -258,19 +261,19 @@ async def test_round_trips_go_out_side_by_side_up_to_the_limit(pubsub_pair, monk
         await receiver.group_add(f"chat.{index}", channel)
     await sender.group_send("chat.0", {"type": "x", "n": -1})  # connected
     out, most = 0, 0
-    original = Pipeline.execute
+    original = _PipelinedShard._round_trip
 
-    async def slow(self, *args, **kwargs):
+    async def slow(self, commands):
         nonlocal out, most
         out += 1
         most = max(most, out)
         try:
             await asyncio.sleep(0.1)  # a slow round trip
-            return await original(self, *args, **kwargs)
+            return await original(self, commands)
         finally:
             out -= 1
 
-    monkeypatch.setattr(Pipeline, "execute", slow)
+    monkeypatch.setattr(_PipelinedShard, "_round_trip", slow)
 
     async def one_run(index: int) -> None:  # a run: each snapshot awaited before the next
         await asyncio.sleep(0.01 * index)
@@ -295,14 +298,14 @@ async def test_a_key_forgotten_while_its_set_is_out_is_deleted_after_the_set(
     await receiver.group_add("chat.1", channel)
     await sender.group_send("chat.1", {"type": "x", "n": -1})  # connected
     key = f"lyceum-test-pushed-{uuid.uuid4().hex[:12]}"
-    original = Pipeline.execute
+    original = _PipelinedShard._round_trip
 
-    async def slow_sets(self, *args, **kwargs):
-        if any(command[0] == "SET" for command, _options in self.command_stack):
+    async def slow_sets(self, commands):
+        if any(command[0] == "SET" for command in commands):
             await asyncio.sleep(0.2)  # the snapshot's round trip is slow
-        return await original(self, *args, **kwargs)
+        return await original(self, commands)
 
-    monkeypatch.setattr(Pipeline, "execute", slow_sets)
+    monkeypatch.setattr(_PipelinedShard, "_round_trip", slow_sets)
     snapshot = asyncio.ensure_future(
         sender.group_send_keeping("chat.1", {"type": "x", "n": 0}, key, b"copy", 30)
     )
@@ -328,15 +331,15 @@ async def test_a_failed_round_trip_fails_each_of_its_sends_and_the_next_one_work
     sender, receiver = pubsub_pair
     channel = await receiver.new_channel()
     await receiver.group_add("chat.1", channel)
-    original = Pipeline.execute
+    original = _PipelinedShard._round_trip
     failures = [RedisConnectionError("gone")]
 
-    async def failing_once(self, *args, **kwargs):
+    async def failing_once(self, commands):
         if failures:
             raise failures.pop()
-        return await original(self, *args, **kwargs)
+        return await original(self, commands)
 
-    monkeypatch.setattr(Pipeline, "execute", failing_once)
+    monkeypatch.setattr(_PipelinedShard, "_round_trip", failing_once)
     results = await asyncio.gather(
         *(sender.group_send("chat.1", {"type": "x", "n": n}) for n in range(3)),
         return_exceptions=True,
@@ -345,6 +348,55 @@ async def test_a_failed_round_trip_fails_each_of_its_sends_and_the_next_one_work
 
     await sender.group_send("chat.1", {"type": "x", "n": 99})
     assert (await asyncio.wait_for(receiver.receive(channel), 5))["n"] == 99
+
+
+async def test_a_consumer_reads_its_subscription_and_its_client_from_one_queue(
+    pubsub_pair, monkeypatch
+):
+    """On the live pub/sub layer too, without a task per message: what Redis gave and
+    what the client sent are handled in the order they came, and the consumer's channel
+    is unsubscribed when it leaves."""
+    sender, receiver = pubsub_pair
+    monkeypatch.setattr(channel_layers, "backends", {"default": receiver})
+    consumer = _Recorder()
+    consumer.seen = []
+    client: asyncio.Queue = asyncio.Queue()
+    running = asyncio.ensure_future(consumer({"type": "test"}, client.get, None))
+    while not hasattr(consumer, "channel_name"):
+        await asyncio.sleep(0)
+    await receiver.group_add("chat.1", consumer.channel_name)
+    shard = receiver._get_layer()._get_shard(consumer.channel_name)
+    assert consumer.channel_name in shard._subscribed_to
+
+    async def arrived(count: int) -> None:
+        while len(consumer.seen) < count:
+            await asyncio.sleep(0.01)
+
+    await sender.group_send("chat.1", {"type": "chat.stream", "n": 1})
+    await asyncio.wait_for(arrived(1), 5)
+    await client.put({"type": "client.frame", "n": 2})
+    await sender.group_send("chat.1", {"type": "chat.stream", "n": 3})
+    await asyncio.wait_for(arrived(3), 5)
+    await client.put({"type": "client.frame", "n": "stop"})
+    await asyncio.wait_for(running, 5)
+
+    assert consumer.seen == [("layer", 1), ("client", 2), ("layer", 3), ("client", "stop")]
+    assert consumer.channel_name not in receiver._get_layer().channels  # gone with it
+    assert consumer.channel_name not in shard._subscribed_to
+
+
+def test_the_round_trip_writes_what_redis_py_would():
+    from redis.asyncio.connection import Connection
+
+    connection = Connection()
+    commands = [
+        ("SET", "lyceum:pushed:1", "é".encode() + b"\x00" * 7000, "EX", 3600),
+        ("PUBLISH", "lyceum__group__chat.1", b"\x81\xa4type"),
+        ("DEL", "lyceum:pushed:ü"),
+        ("SET", "k", 1.5),
+    ]
+    ours = b"".join(layers._pack(commands, connection.encoder))
+    assert ours == b"".join(connection.pack_commands(commands))
 
 
 # --- sending from the database thread ------------------------------------------------------

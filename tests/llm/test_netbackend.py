@@ -187,6 +187,32 @@ async def test_paced_reads_take_what_arrived_in_between_in_one_read(client):
     assert min(gaps) >= 0.09
 
 
+async def test_paced_reads_wake_on_the_grid_of_the_loops_clock(client, monkeypatch):
+    """The streams of a process share the loop's turns: every paced wait ends on a step
+    of ``PACE_GRID``, whenever the read before it happened."""
+    loop = asyncio.get_running_loop()
+    wakes: list[float] = []
+    real_call_at = loop.call_at
+
+    def recorded_call_at(when: float, callback, *args, **kwargs):
+        if callback is netbackend._wake_sleeper:
+            wakes.append(when)
+        return real_call_at(when, callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", recorded_call_at)
+    async with serve(trickle_handler) as server, client.stream("GET", server.url()) as streamed:
+        network = streamed.extensions["network_stream"]
+        network.pace_reads(0.1)
+        body = b"".join([part async for part in streamed.aiter_raw()])
+        network.pace_reads(0.0)
+
+    assert body == b"".join(f"token {i:02d};".encode() for i in range(30))
+    assert wakes  # the trickle outlasts one interval
+    for when in wakes:
+        steps = when / netbackend.PACE_GRID
+        assert abs(steps - round(steps)) < 1e-6
+
+
 async def test_paced_reads_take_the_bytes_without_watching_the_socket_again(client):
     async with serve(trickle_handler) as server, client.stream("GET", server.url()) as streamed:
         network = streamed.extensions["network_stream"]

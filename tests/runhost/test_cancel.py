@@ -10,6 +10,7 @@ from django.http import Http404
 
 from chat import actions, store
 from chat.models import Run
+from chat.runhost import executor
 from tests.fakeopenai import Script
 from tests.runhost.helpers import (
     adb,
@@ -116,3 +117,42 @@ async def test_the_hang_guard_is_reported_even_when_leaving_the_group_takes_time
     run = await adb(run_row)(sent.run_id)
     assert (run.status, run.error_category) == (Run.Status.FAILED, "timed_out")
     assert terminal_of(await adb(display)(chat), run.pk)["category"] == "timed_out"
+
+
+async def test_the_watcher_keeps_one_receive_pending_from_look_to_look(
+    alice, agent, runtime, fake_model, guard_clock, monkeypatch
+):
+    """A run's watcher looks for a cancel (and at the guard) every WATCH_INTERVAL, but
+    waits on one receive of its control channel all along, not a new one per look."""
+    runtime.LYCEUM_RUN_GUARD_SECONDS = 20.0
+    runtime.LYCEUM_IDLE_TIMEOUT = 30.0
+    monkeypatch.setattr(executor, "WATCH_INTERVAL", 0.01)
+    looks: list[float] = []
+    clock_now = guard_clock.monotonic
+
+    def looked() -> float:
+        looks.append(1.0)
+        return clock_now()
+
+    monkeypatch.setattr(guard_clock, "monotonic", looked)
+    layer = get_channel_layer()
+    receives: list[str] = []
+    real_receive = layer.receive
+
+    async def counted_receive(channel: str) -> dict:
+        receives.append(channel)
+        return await real_receive(channel)
+
+    monkeypatch.setattr(layer, "receive", counted_receive)
+    fake_model.enqueue(
+        Script(tokens=["Still ", "thinking ", "about ", "it"], fault_after=2, stall=30)
+    )
+    chat = await new_chat(alice, "fake-model")
+    sent = await send(alice, chat, "hang please")
+    await until(lambda: run_row(sent.run_id).partial_text == "Still thinking ")  # stalled
+    await until(lambda: len(looks) >= 10)
+    assert len(receives) == 1
+    guard_clock.advance(21.0)  # the guard is still read at a look
+    await settle()
+    run = await adb(run_row)(sent.run_id)
+    assert (run.status, run.error_category) == (Run.Status.FAILED, "timed_out")
