@@ -43,6 +43,7 @@ from chat.models import (
     Run,
     ToolApproval,
 )
+from chat.rows import create as create_row
 from chat.runhost import transitions
 from chat.runhost.executor import launch_on_commit
 from chat.runhost.titles import provisional_title
@@ -333,7 +334,8 @@ def _record_send(
     title_text = provisional_title(text) if not chat.title else None
     count = 1 if title_text is None else 2
     seq = store.reserve_seqs(chat.pk, store.DISPLAY, count, title=title_text) + 1
-    entry = QueuedInput.objects.create(
+    entry = create_row(
+        QueuedInput,
         chat=chat,
         client_id=client_id,
         content=context_text,

@@ -24,11 +24,11 @@ from asgiref.sync import SyncToAsync, async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone, translation
 from django.utils.translation import gettext_noop
 
-from chat import store
+from chat import rows, store
 from chat.agent import events as ev
 from chat.agent.builtin_tools import default_registry
 from chat.agent.hooks import HookRegistry
@@ -40,7 +40,7 @@ from chat.core.messages import ChatMessage
 from chat.core.voices import Voices, cast_instructions
 from chat.live.doorbell import run_control_group
 from chat.llm.types import USER_MESSAGES, ErrorCategory, ProviderError
-from chat.models import ChatSession, ChatToolGrant, Run
+from chat.models import Agent, ChatSession, ChatToolGrant, Run
 from chat.runhost import pushed, titles, transitions
 from chat.runhost.host import DjangoRunHost, partial_message, take_queued_inputs
 from chat.runhost.keeper import KeptRun, keeper
@@ -284,12 +284,9 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
     # Claim the run first: a channel layer may deliver one dispatch to two workers
     # (channels_redis re-queues a message another consumer is still handling), and a
     # run must execute once.
-    claimed = Run.objects.filter(pk=run_id, status=Run.Status.RUNNING, claimed=False).update(
-        claimed=True, heartbeat_at=timezone.now(), redispatched=0
-    )
-    if not claimed:
+    run = _claim(run_id)
+    if run is None:
         return None
-    run = Run.objects.select_related("chat", "chat__agent").get(pk=run_id)
     chat = run.chat
     setup = setup_for(chat)
     tools, policies = tools_for(setup)
@@ -311,7 +308,7 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         resolved=resolve_model(chat.model or run.model),
         tools=tools,
         policies=policies,
-        grants=set(ChatToolGrant.objects.filter(chat=chat).values_list("tool_name", flat=True)),
+        grants=_grants(chat.pk),
         max_rounds=setup.max_rounds,
         setup=setup,
         resume=resume_state,
@@ -319,6 +316,67 @@ def _claim_and_load(run_id: str, resume: bool) -> Prepared | None:
         # nothing to resume: a new run, whose inputs are taken here too (a trip less).
         queued=None if resume_state else take_queued_inputs(chat.pk, run, locked=True),
     )
+
+
+def _claim(run_id: str) -> Run | None:
+    """Claim the run, if it is running and unclaimed; the run with its chat and the chat's
+    agent (``select_related``), or None.
+
+    Written-out statements (chat/rows.py): one ``UPDATE … RETURNING`` claims the run and
+    reads it, one ``SELECT`` reads its chat and agent. Every run start makes them on the
+    process's one database thread, where the ORM's building of the update and of the
+    three-table read cost more than running them.
+    """
+    run_fields = rows.fields_of(Run)
+    col = {name: rows.column(Run, name) for name in ("pk", "status", "claimed")}
+    sql = (
+        f"UPDATE {rows.table(Run)} SET {col['claimed']} = %s, "
+        f"{rows.column(Run, 'heartbeat_at')} = %s, {rows.column(Run, 'redispatched')} = %s "
+        f"WHERE {col['pk']} = %s AND {col['status']} = %s AND NOT {col['claimed']} "
+        f"RETURNING {', '.join(rows.column(Run, name) for name in run_fields)}"
+    )
+    params = [
+        rows.prep(Run, "claimed", True),
+        rows.prep(Run, "heartbeat_at", timezone.now()),
+        0,
+        rows.prep(Run, "pk", run_id),
+        str(Run.Status.RUNNING),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        claimed = cursor.fetchone()
+    if claimed is None:
+        return None
+    run: Run = rows.instance(Run, claimed)
+    chat_fields = rows.fields_of(ChatSession)
+    sql = (
+        f"SELECT {rows.select_list(ChatSession, 'c')}, {rows.select_list(Agent, 'a')} "
+        f"FROM {rows.table(ChatSession)} c LEFT OUTER JOIN {rows.table(Agent)} a "
+        f"ON a.{rows.column(Agent, 'pk')} = c.{rows.column(ChatSession, 'agent')} "
+        f"WHERE c.{rows.column(ChatSession, 'pk')} = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [rows.prep(ChatSession, "pk", run.chat_id)])
+        row = cursor.fetchone()
+    if row is None:  # deleted with its runs since: the claim rolls back with the caller
+        raise ChatSession.DoesNotExist(f"no chat {run.chat_id}")
+    chat = rows.instance(ChatSession, row[: len(chat_fields)])
+    agent_values = row[len(chat_fields) :]
+    agent = None if agent_values[0] is None else rows.instance(Agent, agent_values)
+    ChatSession._meta.get_field("agent").set_cached_value(chat, agent)  # type: ignore[attr-defined]
+    Run._meta.get_field("chat").set_cached_value(run, chat)  # type: ignore[attr-defined]
+    return run
+
+
+def _grants(chat_id) -> set[str]:
+    """The tools this chat allowed for good (a written-out statement, as :func:`_claim`)."""
+    sql = (
+        f"SELECT {rows.column(ChatToolGrant, 'tool_name')} FROM {rows.table(ChatToolGrant)} "
+        f"WHERE {rows.column(ChatToolGrant, 'chat')} = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [rows.prep(ChatToolGrant, "chat", chat_id)])
+        return {name for (name,) in cursor.fetchall()}
 
 
 # --- executing ---------------------------------------------------------------------------------

@@ -19,10 +19,10 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from chat import artifacts, store
+from chat import artifacts, rows, store
 from chat.agent import events as ev
 from chat.agent.loop import QueuedText
 from chat.core import eventlog
@@ -168,7 +168,7 @@ class DjangoRunHost:
         if iterations:
             changes["iteration"] = iterations[-1]
         if changes:
-            Run.objects.filter(pk=self.run.pk).update(**changes)
+            rows.update(Run, self.run.pk, **changes)  # written out: every commit of a run
         return written[store.DISPLAY]
 
     def take_new_display(self, *, remember_html: bool = False) -> list[ChatMessage]:
@@ -466,20 +466,38 @@ def take_queued_inputs(chat_id, run: Run, *, locked: bool = False) -> list[Queue
     """The chat's inputs no run has taken yet, now taken by ``run`` (oldest first).
 
     ``locked``: the caller's transaction holds the write lock already (a run's claim),
-    so the inputs are read at once, without a look first.
+    so the inputs are taken at once, without a look first.
+
+    Written-out statements (chat/rows.py): a look, and one ``UPDATE … RETURNING`` that
+    takes the inputs and reads them (it locks their rows as the update it is); every run
+    makes them on the process's one database thread, where the ORM's building of the
+    same statements cost more than running them.
     """
-    waiting = QueuedInput.objects.filter(chat_id=chat_id, consumed=False)
-    if not locked and not waiting.exists():  # the usual case: no write lock for it
-        return []
-    with transaction.atomic(savepoint=False):  # in the claim's transaction: no savepoint
-        rows = list(
-            QueuedInput.objects.select_for_update()
-            .filter(chat_id=chat_id, consumed=False)
-            .order_by("pk")
+    chat = rows.prep(QueuedInput, "chat", chat_id)
+    table = rows.table(QueuedInput)
+    where = (
+        f"{rows.column(QueuedInput, 'chat')} = %s AND NOT {rows.column(QueuedInput, 'consumed')}"
+    )
+    if not locked:  # the usual case, read without taking the write lock
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT 1 FROM {table} WHERE {where} LIMIT 1", [chat])
+            if cursor.fetchone() is None:
+                return []
+    names = ("id", "content", "display_seq", "images")
+    sql = (
+        f"UPDATE {table} SET {rows.column(QueuedInput, 'consumed')} = %s, "
+        f"{rows.column(QueuedInput, 'run')} = %s WHERE {where} "
+        f"RETURNING {', '.join(rows.column(QueuedInput, name) for name in names)}"
+    )
+    params = [rows.prep(QueuedInput, "consumed", True), rows.prep(QueuedInput, "run", run.pk)]
+    # In the claim's transaction: no savepoint.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        cursor.execute(sql, [*params, chat])
+        taken = sorted(
+            (rows.convert(QueuedInput, names, row) for row in cursor.fetchall()),
+            key=lambda row: row[0],
         )
-        if rows:
-            QueuedInput.objects.filter(pk__in=[r.pk for r in rows]).update(consumed=True, run=run)
     return [
-        QueuedText(r.content, r.display_seq or 0, artifacts.images_for_model(r.images))
-        for r in rows
+        QueuedText(content, display_seq or 0, artifacts.images_for_model(images))
+        for _pk, content, display_seq, images in taken
     ]

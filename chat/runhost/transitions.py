@@ -21,7 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_noop
 
-from chat import store
+from chat import rows, store
 from chat.agent import events as ev
 from chat.agent.loop import Decision
 from chat.catalog import default_model
@@ -94,7 +94,10 @@ def has_live_run(chat: ChatSession | Any, *, lock: bool = False) -> bool:
 
 def new_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY, thinking: bool = True) -> Run:
     """A run of ``chat`` (inside a transaction, after checking none is live)."""
-    return Run.objects.create(
+    # Written out (chat/rows.py): every send that starts a run makes one on the process's
+    # one database thread.
+    return rows.create(
+        Run,
         chat=chat,
         model=chat.model or default_model(),
         kind=kind,

@@ -1,0 +1,137 @@
+"""Written-out statements (chat/rows.py) give what the ORM gives, on SQLite and PostgreSQL.
+
+The hottest statements of a send and a run's claim are written out; what they return
+must be indistinguishable from the ORM's: the same field values with the same types
+(UUIDs, aware datetimes, booleans, JSON), related objects cached as ``select_related``
+caches them, ids and saved state set as ``create`` and ``bulk_create`` set them.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import connection
+from django.http import Http404
+from django.test.utils import CaptureQueriesContext
+
+from chat import rows, store
+from chat.access import ChatAction, access_chat
+from chat.models import Agent, ChatEvent, ChatSession, ChatToolGrant, QueuedInput, RelayLimit, Run
+from chat.relay import limits
+from chat.runhost import executor, transitions
+from chat.runhost.host import take_queued_inputs
+
+pytestmark = [pytest.mark.persistence, pytest.mark.django_db]
+
+
+def field_values(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in type(obj)._meta.concrete_fields}
+
+
+def typed(values: dict) -> dict:
+    return {name: (type(value), value) for name, value in values.items()}
+
+
+@pytest.fixture
+def chat(alice, agent):
+    chat = store.create_chat(alice, title="rows", model="")
+    ChatSession.objects.filter(pk=chat.pk).update(agent=agent, pinned_at=chat.created_at)
+    return ChatSession.objects.get(pk=chat.pk)
+
+
+def test_access_chat_reads_what_the_orm_reads_with_its_owner(alice, chat):
+    expected = ChatSession.objects.select_related("owner").get(pk=chat.pk)
+    got = access_chat(alice, str(chat.pk), ChatAction.WRITE)
+    assert typed(field_values(got)) == typed(field_values(expected))
+    assert got._state.adding is False and got._state.db == expected._state.db
+    with CaptureQueriesContext(connection) as queries:
+        owner = got.owner  # cached, as select_related caches it
+    assert len(queries) == 0
+    assert typed(field_values(owner)) == typed(field_values(expected.owner))
+
+
+def test_access_chat_answers_404_for_another_user_a_missing_chat_and_a_bad_id(bob, chat):
+    for user, chat_id in ((bob, chat.pk), (chat.owner, uuid.uuid4()), (chat.owner, "nonsense")):
+        with pytest.raises(Http404):
+            access_chat(user, chat_id, ChatAction.VIEW)
+
+
+def test_the_claim_reads_the_run_chat_and_agent_as_the_orm_does(chat):
+    run = transitions.new_run(chat)
+    ChatToolGrant.objects.create(chat=chat, tool_name="calculator")
+    claimed = executor._claim(str(run.pk))
+    expected = Run.objects.select_related("chat", "chat__agent").get(pk=run.pk)
+    assert expected.claimed is True and expected.redispatched == 0
+    assert typed(field_values(claimed)) == typed(field_values(expected))
+    with CaptureQueriesContext(connection) as queries:
+        got_chat, got_agent = claimed.chat, claimed.chat.agent
+    assert len(queries) == 0
+    assert typed(field_values(got_chat)) == typed(field_values(expected.chat))
+    assert isinstance(got_agent, Agent)
+    assert typed(field_values(got_agent)) == typed(field_values(expected.chat.agent))
+    assert executor._grants(chat.pk) == {"calculator"}
+    assert executor._claim(str(run.pk)) is None  # claimed once only
+
+
+def test_the_claim_of_a_chat_without_an_agent_caches_none(alice):
+    chat = store.create_chat(alice, title="no agent")
+    run = transitions.new_run(chat)
+    claimed = executor._claim(str(run.pk))
+    with CaptureQueriesContext(connection) as queries:
+        assert claimed.chat.agent is None
+    assert len(queries) == 0
+
+
+def test_create_and_update_write_what_the_orm_writes(chat):
+    run = transitions.new_run(chat, thinking=False)
+    stored = Run.objects.get(pk=run.pk)
+    assert run._state.adding is False
+    # As after objects.create: the values given (an enum default stays an enum), stored.
+    assert field_values(run) == field_values(stored)
+    assert stored.thinking is False and stored.speakers == [] and stored.started_at is not None
+    entry = rows.create(
+        QueuedInput, chat=chat, client_id="c1", content="hi", display_seq=3, images=["v"]
+    )
+    assert isinstance(entry.pk, int)
+    assert field_values(entry) == field_values(QueuedInput.objects.get(pk=entry.pk))
+    assert rows.update(Run, run.pk, iteration=4, partial_text="so far") == 1
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.iteration, stored.partial_text) == (4, "so far")
+
+
+def test_taking_inputs_takes_the_waiting_ones_oldest_first(chat):
+    run = transitions.new_run(chat)
+    other = rows.create(QueuedInput, chat=chat, client_id="x", content="taken", consumed=True)
+    for n in (1, 2, 3):
+        rows.create(QueuedInput, chat=chat, client_id=f"c{n}", content=f"m{n}", display_seq=n)
+    taken = take_queued_inputs(chat.pk, run)
+    assert [(t.text, t.display_seq) for t in taken] == [("m1", 1), ("m2", 2), ("m3", 3)]
+    assert set(QueuedInput.objects.filter(run=run).values_list("content", flat=True)) == {
+        "m1",
+        "m2",
+        "m3",
+    }
+    assert not QueuedInput.objects.filter(chat=chat, consumed=False).exists()
+    assert QueuedInput.objects.get(pk=other.pk).run_id is None
+    assert take_queued_inputs(chat.pk, run) == []
+
+
+def test_inserted_events_are_saved_with_their_ids(chat):
+    written = store.append_to_channels(
+        chat.pk,
+        {store.DISPLAY: [{"type": "note", "n": n} for n in range(150)], store.SESSION: []},
+    )[store.DISPLAY]
+    assert len(written) == 150  # more than one statement's batch
+    stored = {e.pk: e for e in ChatEvent.objects.filter(chat=chat)}
+    assert len(stored) == 150
+    for event in written:
+        assert event._state.adding is False
+        assert field_values(event) == field_values(stored[event.pk])
+
+
+def test_a_users_limits_are_read_from_their_row(alice):
+    assert limits._user_limits(alice.pk) is None
+    RelayLimit.objects.create(user=alice, monthly_tokens=77, burst=None)
+    row = limits._user_limits(alice.pk)
+    assert (row.user_id, row.monthly_tokens, row.burst) == (alice.pk, 77, None)
