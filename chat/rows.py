@@ -101,9 +101,16 @@ def create(model: type[Model], /, **values: Any) -> Any:
     return obj
 
 
-def update(model: type[Model], pk: Any, /, **changes: Any) -> int:
+def update(
+    model: type[Model],
+    pk: Any,
+    /,
+    _where_in: tuple[str, Sequence[Any]] | None = None,
+    **changes: Any,
+) -> int:
     """``model.objects.filter(pk=pk).update(**changes)`` (plain values, no expressions) in
-    one written-out statement; the rows changed."""
+    one written-out statement; the rows changed. ``_where_in=(name, values)`` adds
+    ``name__in=values`` to the filter (a run's end updates only a live run)."""
     quote = connection.ops.quote_name
     fields = [_field(model, name) for name in changes]
     sets = ", ".join(f"{quote(str(f.column))} = %s" for f in fields)
@@ -111,11 +118,14 @@ def update(model: type[Model], pk: Any, /, **changes: Any) -> int:
         f.get_db_prep_save(value, connection)
         for f, value in zip(fields, changes.values(), strict=True)
     ]
+    where = f"{column(model, 'pk')} = %s"
+    params.append(prep(model, "pk", pk))
+    if _where_in is not None:
+        name, values = _where_in
+        where += f" AND {column(model, name)} IN ({', '.join(['%s'] * len(values))})"
+        params += [prep(model, name, value) for value in values]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table(model)} SET {sets} WHERE {column(model, 'pk')} = %s",
-            [*params, prep(model, "pk", pk)],
-        )
+        cursor.execute(f"UPDATE {table(model)} SET {sets} WHERE {where}", params)
         return cursor.rowcount
 
 

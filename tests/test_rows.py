@@ -135,3 +135,65 @@ def test_a_users_limits_are_read_from_their_row(alice):
     RelayLimit.objects.create(user=alice, monthly_tokens=77, burst=None)
     row = limits._user_limits(alice.pk)
     assert (row.user_id, row.monthly_tokens, row.burst) == (alice.pk, 77, None)
+
+
+def test_a_runs_end_writes_what_the_orm_wrote(chat):
+    """The run's end (its update, its usage record, the inputs and approvals it closes)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from chat.agent import events as ev
+    from chat.llm.types import Usage
+    from chat.models import ToolApproval, UsageRecord
+    from chat.runhost import setup
+    from chat.runhost.host import DjangoRunHost
+
+    run = transitions.new_run(chat)
+    left = rows.create(QueuedInput, chat=chat, client_id="c1", content="late", run=run)
+    expires = timezone.now() + timedelta(minutes=5)
+    for call, status in (("k1", "pending"), ("k2", "approved")):
+        ToolApproval.objects.create(
+            chat=chat, run=run, call_id=call, tool_name="shell", arguments="{}",
+            status=status, expires_at=expires,
+        )  # fmt: skip
+    kinds = []
+    setup.register_run_finished("test-rows", lambda r, status: kinds.append(status))
+    ChatSession.objects.filter(pk=chat.pk).update(kind="test-rows")
+    host = DjangoRunHost(run, [])
+    end = ev.Error(category="provider_error", message="gone", partial_text="so")
+    try:
+        assert transitions.finish_run(host, Run.Status.FAILED, end, [], Usage(30, 12, True))
+        # Only a live run ends: a second end changes nothing.
+        assert not transitions.finish_run(host, Run.Status.COMPLETED, end, [], Usage(1, 1))
+    finally:
+        setup._finished.pop("test-rows")
+    assert kinds == [Run.Status.FAILED]
+    stored = Run.objects.get(pk=run.pk)
+    assert (stored.status, stored.input_tokens, stored.output_tokens) == ("failed", 30, 12)
+    assert (stored.usage_estimated, stored.error_category, stored.error_message) == (
+        True,
+        "provider_error",
+        "gone",
+    )
+    assert stored.partial_text == "so" and stored.finished_at is not None
+    assert QueuedInput.objects.get(pk=left.pk).consumed is True
+    assert dict(ToolApproval.objects.values_list("call_id", "status")) == {
+        "k1": "denied",
+        "k2": "approved",
+    }
+    decided = store.run_events(chat.pk, str(run.pk), {"approval_decided"})
+    assert [(e.payload["call_id"], e.payload["name"]) for e in decided] == [("k1", "shell")]
+    record = UsageRecord.objects.get(run_id=run.pk)
+    assert isinstance(record.pk, int) and record.created_at is not None
+    assert (record.user_id, record.source, record.model, record.status) == (
+        chat.owner_id,
+        "chat",
+        run.model,
+        "failed",
+    )
+    assert (record.prompt_tokens, record.completion_tokens, record.estimated) == (30, 12, True)
+    assert (record.stream, record.provider, record.http_status) == (True, "", None)
+    assert not transitions.start_run_if_idle(chat)
+    rows.create(QueuedInput, chat=chat, client_id="c2", content="next")
+    assert transitions.start_run_if_idle(chat) is not None

@@ -473,16 +473,11 @@ def take_queued_inputs(chat_id, run: Run, *, locked: bool = False) -> list[Queue
     makes them on the process's one database thread, where the ORM's building of the
     same statements cost more than running them.
     """
+    if not locked and not has_queued_inputs(chat_id):
+        return []  # the usual case, read without taking the write lock
     chat = rows.prep(QueuedInput, "chat", chat_id)
     table = rows.table(QueuedInput)
-    where = (
-        f"{rows.column(QueuedInput, 'chat')} = %s AND NOT {rows.column(QueuedInput, 'consumed')}"
-    )
-    if not locked:  # the usual case, read without taking the write lock
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT 1 FROM {table} WHERE {where} LIMIT 1", [chat])
-            if cursor.fetchone() is None:
-                return []
+    where = _waiting_inputs()
     names = ("id", "content", "display_seq", "images")
     sql = (
         f"UPDATE {table} SET {rows.column(QueuedInput, 'consumed')} = %s, "
@@ -501,3 +496,17 @@ def take_queued_inputs(chat_id, run: Run, *, locked: bool = False) -> list[Queue
         QueuedText(content, display_seq or 0, artifacts.images_for_model(images))
         for _pk, content, display_seq, images in taken
     ]
+
+
+def _waiting_inputs() -> str:
+    return f"{rows.column(QueuedInput, 'chat')} = %s AND NOT {rows.column(QueuedInput, 'consumed')}"
+
+
+def has_queued_inputs(chat_id) -> bool:
+    """Whether inputs of the chat wait for a run (a written-out look, chat/rows.py)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {rows.table(QueuedInput)} WHERE {_waiting_inputs()} LIMIT 1",
+            [rows.prep(QueuedInput, "chat", chat_id)],
+        )
+        return cursor.fetchone() is not None

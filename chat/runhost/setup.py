@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.db import connection
+
+from chat import rows
 from chat.core.prompts import language_line
 from chat.models import ChatSession, Run
 
@@ -81,7 +84,15 @@ def register_run_finished(kind: str, hook: RunFinishedHook) -> None:
 def run_finished(run: Run, status: str) -> None:
     if not _finished:
         return
-    kind = ChatSession.objects.filter(pk=run.chat_id).values_list("kind", flat=True).first()
+    # Written out (chat/rows.py): every run's end asks it on the one database thread.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {rows.column(ChatSession, 'kind')} FROM {rows.table(ChatSession)} "
+            f"WHERE {rows.column(ChatSession, 'pk')} = %s",
+            [rows.prep(ChatSession, "pk", run.chat_id)],
+        )
+        found = cursor.fetchone()
+    kind = found[0] if found else None
     hook = _finished.get(kind or "")
     if hook is not None:
         hook(run, status)

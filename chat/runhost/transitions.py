@@ -34,7 +34,7 @@ from chat.llm.types import ErrorCategory, Usage
 from chat.models import ChatSession, QueuedInput, Run, ToolApproval
 from chat.relay.usage import record_run_usage
 from chat.runhost import pushed, setup
-from chat.runhost.host import DjangoRunHost, partial_message, stamp
+from chat.runhost.host import DjangoRunHost, has_queued_inputs, partial_message, stamp
 
 LIVE = [Run.Status.RUNNING, Run.Status.WAITING]
 DISPATCH_GRACE = timedelta(seconds=45)
@@ -108,7 +108,7 @@ def new_run(chat: ChatSession, *, kind: str = Run.Kind.REPLY, thinking: bool = T
 
 def start_run_if_idle(chat: ChatSession) -> str | None:
     """Start a run for inputs left queued (e.g. after a run ended). Returns its id."""
-    if not QueuedInput.objects.filter(chat=chat, consumed=False).exists():
+    if not has_queued_inputs(chat.pk):
         return None  # the usual case, read without taking the write lock
     with transaction.atomic():
         if live_run(chat, lock=True) is not None:
@@ -238,23 +238,32 @@ def _close_pending_approvals(run: Run, reason: str) -> list[dict[str, Any]]:
     Without the events a reloaded page would show Approve and Deny on a call nobody
     can answer any more.
     """
-    pending = list(ToolApproval.objects.filter(run=run.pk, status=ToolApproval.Status.PENDING))
+    # The look is written out (chat/rows.py): every run's end makes it, and most find none.
+    names = ("id", "call_id", "tool_name")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {', '.join(rows.column(ToolApproval, n) for n in names)} "
+            f"FROM {rows.table(ToolApproval)} WHERE {rows.column(ToolApproval, 'run')} = %s "
+            f"AND {rows.column(ToolApproval, 'status')} = %s",
+            [rows.prep(ToolApproval, "run", run.pk), str(ToolApproval.Status.PENDING)],
+        )
+        pending = [rows.convert(ToolApproval, names, row) for row in cursor.fetchall()]
     if not pending:
         return []
-    ToolApproval.objects.filter(pk__in=[a.pk for a in pending]).update(
+    ToolApproval.objects.filter(pk__in=[pk for pk, _call, _name in pending]).update(
         status=ToolApproval.Status.DENIED, reason=reason, decided_at=timezone.now()
     )
     return [
         stamp(
             ev.ApprovalDecided(
-                call_id=a.call_id,
-                name=a.tool_name,
+                call_id=call_id,
+                name=tool_name,
                 decision=str(ToolApproval.Status.DENIED),
                 reason=reason,
             ),
             run,
         )
-        for a in pending
+        for _pk, call_id, tool_name in pending
     ]
 
 
@@ -311,7 +320,12 @@ def finish_run(
     """Write the one terminal state and event of a run. False if it had ended already."""
     run = host.run
     with transaction.atomic():
-        updated = Run.objects.filter(pk=run.pk, status__in=LIVE).update(
+        # Written out (chat/rows.py), as the other statements of a run's end: every run
+        # makes them on the process's one database thread.
+        updated = rows.update(
+            Run,
+            run.pk,
+            _where_in=("status", LIVE),
             status=status,
             finished_at=timezone.now(),
             input_tokens=usage.input_tokens,
@@ -327,7 +341,13 @@ def finish_run(
         record_run_usage(run, usage, status)  # the same budget as the relay (chat/relay)
         # A run that ended before taking the message that started it (an early cancel)
         # must not leave it for the next run to answer.
-        QueuedInput.objects.filter(run=run.pk, consumed=False).update(consumed=True)
+        consumed = rows.column(QueuedInput, "consumed")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {rows.table(QueuedInput)} SET {consumed} = %s "
+                f"WHERE {rows.column(QueuedInput, 'run')} = %s AND NOT {consumed}",
+                [rows.prep(QueuedInput, "consumed", True), rows.prep(QueuedInput, "run", run.pk)],
+            )
         closing = _close_pending_approvals(run, "The reply ended before an answer.")
         if status != Run.Status.COMPLETED:
             call_status = "cancelled" if status == Run.Status.CANCELLED else "failed"
@@ -342,8 +362,7 @@ def finish_run(
             run.chat_id,
             {store.DISPLAY: [*messages, *closing, stamp(event, run)], store.SESSION: context},
         )
-        rows = written[store.DISPLAY]
-        ring(run.chat_id, rows)
+        ring(run.chat_id, written[store.DISPLAY])
         setup.run_finished(run, status)
     return True
 
