@@ -38,44 +38,23 @@ class DirectDispatch:
     base_send: Any
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Read the layer's queue for this consumer's channel: the in-memory layer's inbox,
+        or the queue the live pub/sub layer's subscription puts the channel's messages in
+        (as Redis gave them: bytes), with the client's messages pumped in beside them."""
         layer = get_channel_layer(self.channel_layer_alias)  # type: ignore[attr-defined]
-        if isinstance(layer, PipelinedPubSubChannelLayer) and not getattr(self, "_sync", False):
-            await self._read_subscription(layer, scope, receive, send)
-            return
-        if getattr(self, "_sync", False) or not isinstance(layer, LeanInMemoryChannelLayer):
+        if getattr(self, "_sync", False) or not isinstance(
+            layer, (LeanInMemoryChannelLayer, PipelinedPubSubChannelLayer)
+        ):
             await super().__call__(scope, receive, send)  # type: ignore[misc]
             return
         self.scope = scope
         self.channel_layer = layer
         self.channel_name = await layer.new_channel()
         self.base_send = send
-        inbox = layer.open_inbox(self.channel_name)
-        pump = asyncio.ensure_future(_pump(receive, inbox))
-        try:
-            while True:
-                _expires, message = await inbox.get()
-                if isinstance(message, _Failed):
-                    raise message.error
-                await self.dispatch(message)
-        except StopConsumer:
-            pass
-        finally:
-            layer.close_inbox(self.channel_name)
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
-
-    async def _read_subscription(
-        self, layer: PipelinedPubSubChannelLayer, scope: Any, receive: Any, send: Any
-    ) -> None:
-        """The same on the live pub/sub layer (a web process with Redis): its
-        subscription puts the channel's messages, as Redis gave them, in a queue that
-        the consumer reads, with the client's messages pumped in beside them."""
-        self.scope = scope
-        self.channel_layer = layer
-        self.channel_name = await layer.new_channel()
-        self.base_send = send
-        inbox = layer.inbox(self.channel_name)
+        if isinstance(layer, PipelinedPubSubChannelLayer):
+            inbox = layer.inbox(self.channel_name)
+        else:
+            inbox = layer.open_inbox(self.channel_name)
         pump = asyncio.ensure_future(_pump(receive, inbox))
         try:
             while True:
@@ -90,10 +69,13 @@ class DirectDispatch:
         except StopConsumer:
             pass
         finally:
+            if isinstance(layer, LeanInMemoryChannelLayer):
+                layer.close_inbox(self.channel_name)
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
-            await layer.close_inbox(self.channel_name)
+            if isinstance(layer, PipelinedPubSubChannelLayer):  # unsubscribes: a round trip
+                await layer.close_inbox(self.channel_name)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)
