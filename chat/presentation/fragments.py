@@ -71,11 +71,25 @@ def seq_marker(seq: int) -> str:
 
 
 def run_status(text: str) -> str:
+    """The run's status line (a few texts, each rendered once: every run's start and end
+    pushed two of them, rendered on the database thread)."""
+    return _run_status(text)
+
+
+@lru_cache(maxsize=64)
+def _run_status(text: str) -> str:
     return _oob("chat/_run_status.html", status_text=text)
 
 
 def controls(busy: bool, chat_id: str) -> str:
-    return _oob("chat/_controls.html", busy=busy, chat_id=chat_id)
+    """The stop button or the regenerate and compact ones, rendered once per language
+    with a stand-in for the chat's id (as the title)."""
+    return _controls_shape(get_language(), busy).replace(_TITLE_PK, str(chat_id))
+
+
+@lru_cache(maxsize=16)
+def _controls_shape(language: str | None, busy: bool) -> str:
+    return _oob("chat/_controls.html", busy=busy, chat_id=_TITLE_PK)
 
 
 def stream_slot(
@@ -235,7 +249,14 @@ def _title_shape(language: str | None) -> str:
 
 
 def composer_reset(chat_id: str) -> str:
-    return _oob("chat/_composer.html", chat_id=chat_id)
+    """The emptied composer, after each send: rendered once per language with a
+    stand-in for the chat's id (as the title), on the event loop's thread."""
+    return _composer_shape(get_language()).replace(_TITLE_PK, str(chat_id))
+
+
+@lru_cache(maxsize=16)
+def _composer_shape(language: str | None) -> str:
+    return _oob("chat/_composer.html", chat_id=_TITLE_PK)
 
 
 def artifacts_panel(chat_id: str) -> str:
