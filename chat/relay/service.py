@@ -41,7 +41,7 @@ from chat.llm.openai import scrub_secret
 from chat.llm.retry import error_fields, parse_retry_after, short_detail
 from chat.llm.wire import WireError, messages_from_openai
 from chat.models import Agent, ApiKey, UsageRecord
-from chat.relay import limits, nowait, pool, ttlcache
+from chat.relay import limits, nowait, pool, quiet, ttlcache
 from chat.relay.ttlcache import cached
 from chat.relay.writer import Item, writer
 
@@ -369,8 +369,10 @@ def client() -> upstream_http.Client:
     loop = asyncio.get_running_loop()
     kept = _clients.get(loop)
     if kept is None:
+        # Spare connections opened in quiet moments: an upstream that closes every
+        # connection (or a pool emptied by a burst) costs the next request no connect.
         kept = _clients[loop] = upstream_http.Client(
-            settings.LYCEUM_CONNECT_TIMEOUT, settings.LYCEUM_RELAY_TIMEOUT
+            settings.LYCEUM_CONNECT_TIMEOUT, settings.LYCEUM_RELAY_TIMEOUT, spare_when=quiet.moment
         )
     return kept
 
