@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import re
 import ssl
 import time
 import typing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,6 +45,7 @@ MAX_HEAD = 64 * 1024  # bytes of status line and headers
 READ_SIZE = 256 * 1024
 KEEPALIVE_SECONDS = 5.0  # an idle kept connection older than this is closed, not reused
 MAX_IDLE_PER_HOST = 200
+MAX_SPARES = 8  # spare connections per origin (Pool's spare_when)
 
 
 class UpstreamError(Exception):
@@ -220,14 +222,64 @@ class Response:
 
 
 class Pool:
-    """Kept-alive connections per (scheme, host, port), for one event loop."""
+    """Kept-alive connections per (scheme, host, port), for one event loop.
 
-    def __init__(self, connect_timeout: float, ssl_context: ssl.SSLContext | None = None) -> None:
+    With ``spare_when`` (the relay's), an answer that closes its connection
+    (``Connection: close``, or no keep-alive at all) has a spare connection to the same
+    origin opened in its place, once ``spare_when()`` returns (the relay: a moment when no
+    request is starting), so the next request finds one ready instead of connecting (and
+    shaking hands over TLS) before it can send. At most ``MAX_SPARES`` per origin, only
+    on the heels of such an answer, and closed like any kept connection once idle for
+    ``KEEPALIVE_SECONDS``: no traffic, no spares.
+    """
+
+    def __init__(
+        self,
+        connect_timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
+        spare_when: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         # Per origin, oldest first; the newest is reused first (it is the likeliest open).
         self._idle: dict[tuple[str, str, int], collections.deque[tuple[AsyncioStream, float]]] = {}
         self._backend = AsyncioBackend()
         self._connect_timeout = connect_timeout
         self._ssl: ssl.SSLContext | None = ssl_context  # built at the first https connection
+        self._spare_when = spare_when
+        self._opening: dict[tuple[str, str, int], int] = {}  # spares being opened, per origin
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spare(self, origin: tuple[str, str, int]) -> None:
+        """Open a spare connection to ``origin`` soon (see the class)."""
+        idle = self._idle.get(origin)
+        opening = self._opening.get(origin, 0)
+        if opening + (len(idle) if idle else 0) >= MAX_SPARES:
+            return
+        self._opening[origin] = opening + 1
+        # A context of its own: not the request's (its task may be cancelled, its
+        # context variables are its own).
+        task = asyncio.get_running_loop().create_task(
+            self._open_spare(origin), context=contextvars.Context()
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _open_spare(self, origin: tuple[str, str, int]) -> None:
+        try:
+            assert self._spare_when is not None
+            await self._spare_when()
+            stream = await self._connect(origin)
+        except UpstreamError:
+            return  # the next request connects, and finds what is wrong
+        finally:
+            self._opening[origin] -= 1
+        self.release(origin, stream)
+        # Closed when idle too long even if no request comes to prune it.
+        asyncio.get_running_loop().call_later(KEEPALIVE_SECONDS + 0.1, self._prune_origin, origin)
+
+    def _prune_origin(self, origin: tuple[str, str, int]) -> None:
+        idle = self._idle.get(origin)
+        if idle:
+            _prune(idle, time.monotonic())
 
     def release(self, origin: tuple[str, str, int], stream: AsyncioStream) -> None:
         idle = self._idle.setdefault(origin, collections.deque())
@@ -328,6 +380,8 @@ class Pool:
 
     async def aclose(self) -> None:
         """Close every kept connection (the pool stays usable)."""
+        for task in list(self._tasks):
+            task.cancel()
         idle, self._idle = self._idle, {}
         for kept in idle.values():
             for stream, _since in kept:
@@ -349,7 +403,10 @@ class Pool:
                     buf = buf[end + 4 :]
                     if 100 <= status < 200:
                         continue  # 100 Continue and the like: the real answer follows
-                    return Response(self, origin, stream, status, headers, buf, reusable)
+                    response = Response(self, origin, stream, status, headers, buf, reusable)
+                    if self._spare_when is not None and not response._reusable:
+                        self._spare(origin)  # this connection will not come back
+                    return response
                 if len(buf) > MAX_HEAD:
                     raise RemoteProtocolError("the upstream's response head is too long")
                 try:
@@ -458,8 +515,13 @@ class _HttpxResponse:
 class Client:
     """The relay's way to its upstreams in one event loop: the pool, or httpx via a proxy."""
 
-    def __init__(self, connect_timeout: float, timeout: float) -> None:
-        self.pool = Pool(connect_timeout)
+    def __init__(
+        self,
+        connect_timeout: float,
+        timeout: float,
+        spare_when: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.pool = Pool(connect_timeout, spare_when=spare_when)
         self._connect_timeout, self._timeout = connect_timeout, timeout
         self._httpx: httpx.AsyncClient | None = None
         self._proxied: dict[str, bool] = {}

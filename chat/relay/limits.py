@@ -267,26 +267,7 @@ def _db_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: 
     with transaction.atomic():
         connection = transaction.get_connection()
         counters = _locked_counters(connection, policies, period)
-        wait, reason = 0.0, ""
-        levels = []
-        shut: list[int] = []  # counters whose lockout this refusal starts
-        for policy, counter in zip(policies, counters, strict=True):
-            pk, used, reserved, bucket, bucket_at, locked_until = counter
-            level = _refill(policy, bucket, bucket_at, now)
-            levels.append(level)
-            if take and locked_until > now:
-                wait = max(wait, locked_until - now)
-                reason = reason or "rate_limit"
-            elif take and level < 1:
-                if policy.lockout:
-                    shut.append(pk)
-                    wait = max(wait, policy.lockout)
-                else:
-                    wait = max(wait, (1 - level) * 60 / policy.requests_per_minute)
-                reason = reason or "rate_limit"
-            budget = policy.monthly_tokens
-            if budget and used + reserved + cost > budget:
-                reason = "budget"
+        levels, shut, wait, reason = _verdict(policies, counters, now, cost, take)
         if reason:
             for policy, counter in zip(policies, counters, strict=True):
                 if counter[0] in shut:
@@ -297,6 +278,35 @@ def _db_admit(policies: list[Policy], period: str, cost: int, take: bool, hold: 
             _db_take(connection, policies, counters, levels, now, cost, take, hold)
     if reason:  # raised out of the block, the lockout just written would be rolled back
         raise _refusal(reason, wait)
+
+
+def _verdict(
+    policies: list[Policy], counters: list[Counter], now: float, cost: int, take: bool
+) -> tuple[list[float], list[int], float, str]:
+    """What the counters say of a request costing ``cost``: each bucket's level now, the
+    counters whose lockout a refusal starts, the wait, and the refusal's reason ("" when
+    admitted)."""
+    wait, reason = 0.0, ""
+    levels = []
+    shut: list[int] = []  # counters whose lockout this refusal starts
+    for policy, counter in zip(policies, counters, strict=True):
+        pk, used, reserved, bucket, bucket_at, locked_until = counter
+        level = _refill(policy, bucket, bucket_at, now)
+        levels.append(level)
+        if take and locked_until > now:
+            wait = max(wait, locked_until - now)
+            reason = reason or "rate_limit"
+        elif take and level < 1:
+            if policy.lockout:
+                shut.append(pk)
+                wait = max(wait, policy.lockout)
+            else:
+                wait = max(wait, (1 - level) * 60 / policy.requests_per_minute)
+            reason = reason or "rate_limit"
+        budget = policy.monthly_tokens
+        if budget and used + reserved + cost > budget:
+            reason = "budget"
+    return levels, shut, wait, reason
 
 
 # One counter as _db_admit reads it: pk, used_tokens, reserved_tokens, bucket, bucket_at,
@@ -316,20 +326,39 @@ def _db_take(
 ) -> None:
     table = connection.ops.quote_name(UsageCounter._meta.db_table)
     with connection.cursor() as cursor:
-        for policy, counter, level in zip(policies, counters, levels, strict=True):
-            sets: list[str] = []
-            params: list[Any] = []
-            if take:
-                sets.append("bucket = %s, bucket_at = %s")
-                params += [level - 1, now]
-            if hold and policy.monthly_tokens:
-                sets.append("reserved_tokens = reserved_tokens + %s")
-                params.append(cost)
-            if sets:
-                cursor.execute(
-                    f"UPDATE {table} SET {', '.join(sets)} WHERE id = %s",  # noqa: S608 - no user text
-                    [*params, counter[0]],
-                )
+        for sql, params in _take_statements(
+            table, "%s", policies, counters, levels, now, cost, take, hold
+        ):
+            cursor.execute(sql, params)
+
+
+def _take_statements(
+    table: str,
+    mark: str,
+    policies: list[Policy],
+    counters: list[Counter],
+    levels: list[float],
+    now: float,
+    cost: int,
+    take: bool,
+    hold: bool,
+) -> list[tuple[str, list[Any]]]:
+    """The updates that take a request (one per counter), with ``mark`` as the
+    placeholder (``%s`` through Django, ``?`` on a bare sqlite3 connection)."""
+    statements = []
+    for policy, counter, level in zip(policies, counters, levels, strict=True):
+        sets: list[str] = []
+        params: list[Any] = []
+        if take:
+            sets.append(f"bucket = {mark}, bucket_at = {mark}")
+            params += [level - 1, now]
+        if hold and policy.monthly_tokens:
+            sets.append(f"reserved_tokens = reserved_tokens + {mark}")
+            params.append(cost)
+        if sets:
+            sql = f"UPDATE {table} SET {', '.join(sets)} WHERE id = {mark}"  # noqa: S608 - no user text
+            statements.append((sql, [*params, counter[0]]))
+    return statements
 
 
 def _refill(policy: Policy, bucket: float, at: float, now: float) -> float:

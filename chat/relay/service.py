@@ -41,7 +41,7 @@ from chat.llm.openai import scrub_secret
 from chat.llm.retry import error_fields, parse_retry_after, short_detail
 from chat.llm.wire import WireError, messages_from_openai
 from chat.models import Agent, ApiKey, UsageRecord
-from chat.relay import limits, pool, ttlcache
+from chat.relay import limits, nowait, pool, quiet, ttlcache
 from chat.relay.ttlcache import cached
 from chat.relay.writer import Item, writer
 
@@ -369,8 +369,10 @@ def client() -> upstream_http.Client:
     loop = asyncio.get_running_loop()
     kept = _clients.get(loop)
     if kept is None:
+        # Spare connections opened in quiet moments: an upstream that closes every
+        # connection (or a pool emptied by a burst) costs the next request no connect.
         kept = _clients[loop] = upstream_http.Client(
-            settings.LYCEUM_CONNECT_TIMEOUT, settings.LYCEUM_RELAY_TIMEOUT
+            settings.LYCEUM_CONNECT_TIMEOUT, settings.LYCEUM_RELAY_TIMEOUT, spare_when=quiet.moment
         )
     return kept
 
@@ -833,8 +835,10 @@ def _warm(api_key: ApiKey, data: dict[str, Any], miss: ttlcache.Miss) -> bool:
 async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
     """:func:`prepare` in the event loop when everything it reads is in memory and the
     limits are in Redis; what is missing is loaded once on the database thread (however
-    many requests miss it together) and the request tried again. The limits in the
-    database, or a budget to seed: the whole of it on the database thread.
+    many requests miss it together) and the request tried again. The limits in SQLite:
+    admitted here too when that needs no wait (``nowait.py``), else (or in PostgreSQL)
+    only the admission on the database thread. A budget to seed in Redis: the whole of it
+    on the database thread.
 
     In the event loop the admission script is sent to Redis, the upstream connected
     meanwhile (unless a kept connection waits), and then Redis's answer read: the two
@@ -854,7 +858,14 @@ async def prepared(api_key: ApiKey, data: dict[str, Any]) -> Prepared:
             continue
         pending = limits.admit_later(prep.policies, prep.cost)
         if pending is None:  # the limits in the database
-            return await _admitted_by_database(prep)
+            try:  # in the event loop when that needs no wait (chat/relay/nowait.py)
+                now = nowait.admit(prep.policies, prep.cost)
+            except limits.Refused as exc:
+                raise _refused(prep, exc) from None
+            if now is None:
+                return await _admitted_by_database(prep)
+            admitted(prep, now)
+            return prep
         try:
             await client().warm(f"{prep.upstream.base_url}/chat/completions")
             admission = await pending.result()

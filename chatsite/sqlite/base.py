@@ -44,6 +44,20 @@ class WriterLock:
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # lets the GIL go while it waits
         self.held = True
 
+    def try_acquire(self) -> bool:
+        """Take the lock if it is free now, never waiting (the event loop's admissions,
+        ``chat/relay/nowait.py``); False when another connection holds it."""
+        if self.held:
+            return True
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        self.held = True
+        return True
+
     def release(self) -> None:
         if self.held:
             self.held = False

@@ -260,3 +260,119 @@ async def test_a_line_break_in_a_header_is_refused_and_one_in_the_url_sent_encod
     finally:
         await client.aclose()
         server.close()
+
+
+async def _answer_and_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One answer saying ``Connection: close`` (as the fake upstream does); a connection
+    never used is let go."""
+    try:
+        body = await _read_request(reader)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return
+    writer.write(
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    await writer.drain()
+
+
+def _counting_connects(client: upstream.Client) -> list[int]:
+    calls: list[int] = []
+    connect = client.pool._backend.connect_tcp
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return await connect(*args, **kwargs)
+
+    client.pool._backend.connect_tcp = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def _until(condition: Any, timeout: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "not within the time"
+        await asyncio.sleep(0.005)
+
+
+async def test_an_answer_that_closes_its_connection_leaves_a_spare_for_the_next_request():
+    server, port, connections = await _server(_answer_and_close)
+    quiet = asyncio.Event()
+
+    async def spare_when() -> None:
+        await quiet.wait()
+
+    client = upstream.Client(5.0, 30.0, spare_when=spare_when)
+    connects = _counting_connects(client)
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    try:
+        response = await client.post(url, b"one", {})
+        assert await response.aread() == b"one"
+        await response.aclose()
+        await asyncio.sleep(0.05)
+        assert len(connects) == 1  # no spare before the quiet moment
+        quiet.set()
+        await _until(
+            lambda: len(connects) == 2 and client.pool._idle.get(("http", "127.0.0.1", port))
+        )
+        response = await client.post(url, b"two", {})  # on the spare: no connect of its own
+        assert len(connects) == 2
+        assert await response.aread() == b"two"
+        await response.aclose()
+        await _until(lambda: len(connects) == 3)  # and a spare in its place
+        assert len(connections) == 3
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_no_spares_without_being_asked_for_or_past_their_number():
+    server, port, connections = await _server(_answer_and_close)
+    plain = upstream.Client(5.0, 30.0)  # the provider's: no spares
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        response = await plain.post(url, b"x", {})
+        await response.aread()
+        await response.aclose()
+        await asyncio.sleep(0.05)
+        assert len(connections) == 1 and not plain.pool._idle.get(("http", "127.0.0.1", port))
+    finally:
+        await plain.aclose()
+
+    async def now() -> None:
+        return None
+
+    client = upstream.Client(5.0, 30.0, spare_when=now)
+    try:
+        count = upstream.MAX_SPARES + 4
+        responses = await asyncio.gather(*(client.post(url, b"x", {}) for _ in range(count)))
+        for response in responses:
+            await response.aread()
+            await response.aclose()
+        await asyncio.sleep(0.1)
+        idle = client.pool._idle[("http", "127.0.0.1", port)]
+        assert len(idle) == upstream.MAX_SPARES
+    finally:
+        await client.aclose()
+        server.close()
+
+
+async def test_a_spare_not_used_is_closed_once_idle_too_long(monkeypatch):
+    monkeypatch.setattr(upstream, "KEEPALIVE_SECONDS", 0.2)
+    server, port, _connections = await _server(_answer_and_close)
+
+    async def now() -> None:
+        return None
+
+    client = upstream.Client(5.0, 30.0, spare_when=now)
+    origin = ("http", "127.0.0.1", port)
+    try:
+        response = await client.post(f"http://127.0.0.1:{port}/", b"x", {})
+        await response.aread()
+        await response.aclose()
+        await _until(lambda: client.pool._idle.get(origin))
+        (spare, _since), *_ = client.pool._idle[origin]
+        await _until(lambda: spare._closed, timeout=1.0)  # no request came to prune it
+        assert not client.pool._idle[origin]
+    finally:
+        await client.aclose()
+        server.close()

@@ -400,6 +400,16 @@ async def test_a_request_gone_while_the_database_admits_leaves_a_record_and_give
     service.finish(first, service.Outcome(status="ok"))
     release = threading.Event()
     busy = asyncio.ensure_future(sync_to_async(release.wait)())  # the database thread held
+    # Another writer holds the database: the event loop's admission (chat/relay/nowait.py)
+    # does not wait for it and leaves the request to the database thread.
+    from django.conf import settings as django_settings
+
+    from chatsite.sqlite.base import WriterLock
+
+    writer_lock = None
+    if "sqlite" in django_settings.DATABASES["default"]["ENGINE"]:
+        writer_lock = WriterLock(f"{django_settings.DATABASES['default']['NAME']}-writer")
+        writer_lock.acquire()
     try:
         task = asyncio.ensure_future(service.prepared(api_key, dict(body)))
         await asyncio.sleep(0.3)
@@ -408,6 +418,8 @@ async def test_a_request_gone_while_the_database_admits_leaves_a_record_and_give
         with pytest.raises(asyncio.CancelledError):
             await task
     finally:
+        if writer_lock is not None:
+            writer_lock.close()
         release.set()
     await busy
     await _records_written(2)
