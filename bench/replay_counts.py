@@ -1,7 +1,7 @@
 """Deterministic counts of the long chat's resync replay, for comparing two trees.
 
 Run from a tree's root: ``.venv/bin/python bench/replay_counts.py [--tree PATH]``.
-``--tree`` (default: the tree this file is in) names the checkout whose code is measured:
+``--tree`` (default: the current directory) names the checkout whose code is measured:
 its ``bench/bench_longchat.py`` builds the chat (10,000 messages, the same seed as that
 bench) and its ``next_batch`` (``chat.presentation.fragments`` now, ``chat.live`` before
 issue 16's work) replays. So one copy of this file measures an older tree as it stands.
@@ -10,7 +10,7 @@ Prints, for a client 1,000 events behind (the bench's replay, ``next_batch`` unt
 short batch), the figures that do not move with the box's speed: SQL statements (by
 shape), Python function calls under cProfile (total and the top callees), bytes of HTML,
 template renders; and the thread's CPU (``time.thread_time``), median of ``--runs``,
-with ``--yardstick``: a fixed pure-Python loop's CPU, timed beside it, for the box's speed.
+each beside a yardstick: a fixed pure-Python loop's thread CPU, for the box's speed.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _shape(sql: str) -> str:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--tree", type=Path, default=Path.cwd())
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--behind", type=int, default=1000)
     parser.add_argument("--runs", type=int, default=30)
