@@ -107,7 +107,11 @@ async def _one_run(provider: Provider, workspace: Workspace) -> int:
         raise RuntimeError(f"the run did not complete: {outcome}")
     if host.channels.display[-1].content != outcome.text:
         raise RuntimeError("the final message is not the streamed text")
-    return host.deltas
+    if loop.usage_estimated:
+        raise RuntimeError("the fake server sent no usage")
+    # A read's deltas come merged (chat.llm.wire.merge_deltas): fewer deltas than tokens
+    # once the reads carry several; the tokens are the fake server's count.
+    return loop.usage_out
 
 
 async def _loop_streams(base_url: str, streams: int, timer: _Timer) -> int:

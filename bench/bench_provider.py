@@ -78,16 +78,20 @@ def fake_server_process(
 
 async def _stream_once(provider: OpenAIProvider) -> int:
     request = ChatRequest(model="fake-model", messages=[user("Write a long answer.")])
-    deltas = 0
+    texts: list[str] = []
     end: StreamEnd | None = None
     async for chunk in provider.stream(request):
         if isinstance(chunk, TextDelta):
-            deltas += 1
+            texts.append(chunk.text)
         elif isinstance(chunk, StreamEnd):
             end = chunk
-    if end is None or end.finish_reason != "stop":
+    if end is None or end.finish_reason != "stop" or end.usage is None:
         raise RuntimeError("the stream did not finish normally")
-    return deltas
+    if "".join(texts) != end.text:
+        raise RuntimeError("the deltas do not add up to the reply")
+    # A read's deltas come merged (chat.llm.wire.merge_deltas): the tokens are the
+    # fake server's count of what it sent.
+    return end.usage.output_tokens
 
 
 class _Timer:

@@ -28,21 +28,38 @@ def fields_of(model: type[Model]) -> tuple[str, ...]:
     return tuple(f.attname for f in model._meta.concrete_fields)
 
 
+# The quoted names, kept per database vendor (its quoting): built at every call, a run's
+# statements spent more on them (each ``connection`` a context-local lookup) than on
+# running the statements (bench/README.md, eighth round).
+_quoted: dict[tuple[Any, ...], str] = {}
+
+
 def column(model: type[Model], name: str) -> str:
     """The quoted column of field ``name`` (a field name or its attname)."""
-    field = _field(model, name)
-    return connection.ops.quote_name(str(field.column))
+    key = (model, name, connection.vendor)
+    quoted = _quoted.get(key)
+    if quoted is None:
+        quoted = _quoted[key] = connection.ops.quote_name(str(_field(model, name).column))
+    return quoted
 
 
 def table(model: type[Model]) -> str:
-    return connection.ops.quote_name(model._meta.db_table)
+    key = (model, connection.vendor)
+    quoted = _quoted.get(key)
+    if quoted is None:
+        quoted = _quoted[key] = connection.ops.quote_name(model._meta.db_table)
+    return quoted
 
 
 def select_list(model: type[Model], alias: str, names: Sequence[str] | None = None) -> str:
     """``alias."col", …`` for ``names`` (every concrete field by default)."""
-    quote = connection.ops.quote_name
-    names = fields_of(model) if names is None else names
-    return ", ".join(f"{quote(alias)}.{column(model, name)}" for name in names)
+    key = (model, alias, None if names is None else tuple(names), connection.vendor)
+    found = _quoted.get(key)
+    if found is None:
+        quote = connection.ops.quote_name
+        listed = fields_of(model) if names is None else names
+        found = _quoted[key] = ", ".join(f"{quote(alias)}.{column(model, n)}" for n in listed)
+    return found
 
 
 def convert(model: type[Model], names: Sequence[str], values: Sequence[Any]) -> list[Any]:

@@ -21,7 +21,7 @@ from chat.catalog import available_models
 from chat.models import Agent, ApiKey, ChatSession
 from chat.panels import home_panels
 from chat.presentation import exports, fragments
-from chat.presentation.pages import PAGE_ITEMS, page_of_items
+from chat.presentation.pages import PAGE_ITEMS, page_of_items, resume_seq
 from chat.runhost import transitions
 
 MAX_JUMP_ITEMS = 2_000
@@ -142,7 +142,7 @@ def chat_detail(request: HttpRequest, chat_id) -> HttpResponse:
         {
             "chat": chat,
             "page": page,
-            "last_seq": chat.last_display_seq,
+            "last_seq": resume_seq(chat, page),
             "live_run": live,
             "stream_html": _stream_html(live),
             "context_usage": usage,

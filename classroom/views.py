@@ -19,7 +19,7 @@ from chat.catalog import available_models
 from chat.presentation.markdown import render_markdown_uncached
 from chat.roles import is_teacher
 from chat.runhost import transitions
-from chat.views import _stream_html, page_of_items
+from chat.views import _stream_html, page_of_items, resume_seq
 from classroom import actions, exports, panels, wall
 from classroom.access import (
     ClassAction,
@@ -385,7 +385,7 @@ def class_chat(request: HttpRequest, classroom_id: int) -> HttpResponse:
             "chat": chat,
             **panels.side_context(classroom),
             "page": page,
-            "last_seq": chat.last_display_seq,
+            "last_seq": resume_seq(chat, page),
             "live_run": live,
             "stream_html": _stream_html(live),
             "can_write": can_access_chat(request.user, chat, ChatAction.WRITE),

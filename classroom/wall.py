@@ -208,9 +208,11 @@ def tiles(classroom: Classroom, *, student_id=None) -> list[Tile]:
         tile = Tile(student)
         if link is not None:
             tile.chat_id = str(link.chat_id)
-            tile.last_seq = link.chat.last_display_seq
             tile.activity = link.chat.updated_at
             events = store.display_events_before(link.chat_id, None, limit * 6)
+            # The newest event read, not only the row's count read before them: a reply
+            # written in between is on the tile, and the wall's resync must not add it again.
+            tile.last_seq = max(link.chat.last_display_seq, events[-1].seq if events else 0)
             items = [tile_item(e, student.get_username()) for e in events]
             tile.items = [i for i in items if i is not None][-limit:]
             tile.writing = transitions.live_run(link.chat) is not None

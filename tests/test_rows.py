@@ -197,3 +197,22 @@ def test_a_runs_end_writes_what_the_orm_wrote(chat):
     assert not transitions.start_run_if_idle(chat)
     rows.create(QueuedInput, chat=chat, client_id="c2", content="next")
     assert transitions.start_run_if_idle(chat) is not None
+
+
+def test_quoted_names_are_kept_per_vendor_and_match_quoting_them(monkeypatch):
+    """Column lists and names are built once per database vendor: the same text as quoting
+    them at each call, and another vendor's quoting is not reused."""
+    quote = connection.ops.quote_name
+    expected = ", ".join(f"{quote('r')}.{quote(f.column)}" for f in Run._meta.concrete_fields)
+    assert rows.select_list(Run, "r") == expected
+    assert rows.select_list(Run, "r") == expected  # kept
+    assert rows.select_list(Run, "r", ["chat_id", "status"]) == (
+        f"{quote('r')}.{quote('chat_id')}, {quote('r')}.{quote('status')}"
+    )
+    assert rows.column(Run, "chat") == quote("chat_id") == rows.column(Run, "chat_id")
+    assert rows.table(Run) == quote(Run._meta.db_table)
+    monkeypatch.setattr(connection, "vendor", "other")
+    monkeypatch.setattr(connection.ops, "quote_name", lambda name: f"`{name}`")
+    assert rows.column(Run, "chat") == "`chat_id`"
+    assert rows.table(Run) == f"`{Run._meta.db_table}`"
+    assert rows.select_list(Run, "r", ["status"]) == "`r`.`status`"

@@ -10,6 +10,7 @@ cursor and reads the log when a doorbell does not follow on from what the page h
 from __future__ import annotations
 
 import logging
+from functools import cached_property
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -23,7 +24,7 @@ from django.utils.translation import gettext as _
 from chat import actions
 from chat.access import ChatAction, ViewHow, access_chat, note_view
 from chat.inputs import BadInput, parse_object
-from chat.live.direct import DirectDispatch
+from chat.live.direct import DirectDispatch, frame_send
 from chat.live.doorbell import chat_group
 from chat.live.language import scope_language
 from chat.live.layers import live_layer_alias
@@ -130,7 +131,13 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(self.user_group, self.channel_name)
 
     async def _send_html(self, html: str) -> None:
-        await self.send(text_data=html)
+        # What ``self.send(text_data=html)`` sends, without the consumer's and the
+        # session wrapper's coroutines around it (see direct.frame_send).
+        await self._frames({"type": "websocket.send", "text": html})
+
+    @cached_property
+    def _frames(self) -> Any:
+        return frame_send(self.base_send)
 
     # --- frames from the page ---------------------------------------------------------
 
@@ -227,7 +234,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             _text(frame, "client_id"),
             attachments=[str(a) for a in attached if isinstance(a, str)][:20],
         )
-        await self.send(text_data=fragments.composer_reset(self.chat_id))
+        await self._send_html(fragments.composer_reset(self.chat_id))
 
     async def do_cancel(self, frame: dict[str, Any]) -> None:
         await self._act(actions.cancel_run)

@@ -11,6 +11,7 @@ from typing import Any
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.layers import get_channel_layer
+from channels.sessions import InstanceSessionWrapper
 
 from chat.live.layers import LeanInMemoryChannelLayer, PipelinedPubSubChannelLayer
 
@@ -82,6 +83,20 @@ class DirectDispatch:
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
+
+
+def frame_send(send: Any) -> Any:
+    """The server's own ``send`` under Channels' session wrappers, for WebSocket frames.
+
+    A wrapper acts only on an HTTP response's start (it saves the session and sets its
+    cookie); for a frame it is a coroutine and two lazy-object reads passed through, once
+    per stream snapshot per socket.
+    """
+    wrapper = getattr(send, "__self__", None)
+    while isinstance(wrapper, InstanceSessionWrapper) and send == wrapper.send:
+        send = wrapper.real_send
+        wrapper = getattr(send, "__self__", None)
+    return send
 
 
 class _Failed:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
@@ -65,6 +66,21 @@ async def aring(
             await layer.group_send(chat_group(chat_id), message)
     except Exception:  # noqa: BLE001 - the log is the truth; subscribers catch up
         logger.warning("doorbell for chat %s failed", chat_id, exc_info=True)
+
+
+def ring_now(chat_id: Any, make_message: Callable[[], dict[str, Any]]) -> bool:
+    """Ring at once, from a callback, when the live layer sends without waiting (the
+    in-memory one); False, with nothing made or sent, when only ``aring`` can (Redis)."""
+    layer = live_layer()
+    send_now = getattr(layer, "group_send_now", None)
+    if send_now is None:
+        return False
+    message = make_message()
+    try:
+        send_now(chat_group(chat_id), message)
+    except Exception:  # noqa: BLE001 - the log is the truth; subscribers catch up
+        logger.warning("doorbell for chat %s failed", chat_id, exc_info=True)
+    return True
 
 
 def ring_cancel(run_id: Any) -> None:

@@ -69,6 +69,11 @@ class LeanInMemoryChannelLayer(InMemoryChannelLayer):
             self.channels.update(self._inboxes)  # an emptied inbox is still read
 
     async def group_send(self, group: str, message: dict) -> None:
+        self.group_send_now(group, message)
+
+    def group_send_now(self, group: str, message: dict) -> None:
+        """``group_send`` without a coroutine: it never waits (a stream's push calls it
+        from a callback, with no task made for it; see ``chat.live.doorbell.ring_now``)."""
         assert isinstance(message, dict), "Message is not a dict"
         self.require_valid_group_name(group)
         self._clean_expired()

@@ -82,7 +82,14 @@ from chat.llm.types import (
     StreamChunk,
     StreamEnd,
 )
-from chat.llm.wire import ChunkDecoder, StreamAccumulator, build_payload, completion_to_chunk
+from chat.llm.wire import (
+    ChunkDecoder,
+    ContentChunk,
+    StreamAccumulator,
+    build_payload,
+    completion_to_chunk,
+    merge_deltas,
+)
 
 T = TypeVar("T")
 
@@ -347,9 +354,18 @@ class OpenAIProvider:
                         while not decoder.done:
                             data = await self._read_some(watch, reads)
                             events = sse.feed(data) if data else sse.close()
-                            for chunk_dict in decoder.decode_each(events):
-                                for chunk in accumulator.add(chunk_dict):
+                            # A read's deltas go on merged (wire.merge_deltas); those
+                            # before an event that fails still go out before it raises.
+                            deltas: list[ContentChunk] = []
+                            try:
+                                for chunk_dict in decoder.decode_each(events):
+                                    deltas += accumulator.add(chunk_dict)
+                            except Exception:
+                                for chunk in merge_deltas(deltas):
                                     yield chunk
+                                raise
+                            for chunk in merge_deltas(deltas):
+                                yield chunk
                             if not data:
                                 break
                     if data:

@@ -71,11 +71,25 @@ def seq_marker(seq: int) -> str:
 
 
 def run_status(text: str) -> str:
+    """The run's status line (a few texts, each rendered once: every run's start and end
+    pushed two of them, rendered on the database thread)."""
+    return _run_status(text)
+
+
+@lru_cache(maxsize=64)
+def _run_status(text: str) -> str:
     return _oob("chat/_run_status.html", status_text=text)
 
 
 def controls(busy: bool, chat_id: str) -> str:
-    return _oob("chat/_controls.html", busy=busy, chat_id=chat_id)
+    """The stop button or the regenerate and compact ones, rendered once per language
+    with a stand-in for the chat's id (as the title)."""
+    return _controls_shape(get_language(), busy).replace(_TITLE_PK, str(chat_id))
+
+
+@lru_cache(maxsize=16)
+def _controls_shape(language: str | None, busy: bool) -> str:
+    return _oob("chat/_controls.html", busy=busy, chat_id=_TITLE_PK)
 
 
 def stream_slot(
@@ -234,8 +248,38 @@ def _title_shape(language: str | None) -> str:
     return _title_uncached(_TITLE_PK, _TITLE_TEXT)
 
 
+def gauge(usage: dict[str, Any]) -> str:
+    """The context gauge: rendered once per language with stand-ins for its two numbers
+    (each run's start and end pushed one, two translated sentences each)."""
+    tokens, window = usage.get("tokens"), usage.get("context_window")
+    if type(tokens) is not int or type(window) is not int:
+        return _oob("chat/_gauge.html", usage=usage)
+    shape = _gauge_shape(get_language())
+    return shape.replace(_GAUGE_TOKENS, str(tokens)).replace(_GAUGE_WINDOW, str(window))
+
+
+# Stand-ins for the gauge's numbers; an int is shown as str() gives it (no thousands
+# separator in these settings: tests/presentation/test_fixed_fragments.py checks).
+_GAUGE_TOKENS = "\ue000tokens\ue000"
+_GAUGE_WINDOW = "\ue000window\ue000"
+
+
+@lru_cache(maxsize=16)
+def _gauge_shape(language: str | None) -> str:
+    return _oob(
+        "chat/_gauge.html", usage={"tokens": _GAUGE_TOKENS, "context_window": _GAUGE_WINDOW}
+    )
+
+
 def composer_reset(chat_id: str) -> str:
-    return _oob("chat/_composer.html", chat_id=chat_id)
+    """The emptied composer, after each send: rendered once per language with a
+    stand-in for the chat's id (as the title), on the event loop's thread."""
+    return _composer_shape(get_language()).replace(_TITLE_PK, str(chat_id))
+
+
+@lru_cache(maxsize=16)
+def _composer_shape(language: str | None) -> str:
+    return _oob("chat/_composer.html", chat_id=_TITLE_PK)
 
 
 def artifacts_panel(chat_id: str) -> str:
@@ -369,7 +413,7 @@ def fragments_for_events(
             parts.append(f'<span id="queued-{seq}" hx-swap-oob="true"></span>')
         elif event.kind == "context_usage":
             if event.seq == last_gauge:
-                parts.append(_oob("chat/_gauge.html", usage=p))
+                parts.append(gauge(p))
         elif event.kind == "title":
             parts.append(title(chat_id, p.get("title", "")))
     flush_items()

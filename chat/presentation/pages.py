@@ -28,6 +28,8 @@ class Page:
     chat_id: Any
     items: list[display.DisplayItem]
     has_older: bool
+    # The newest event the read saw (0: none): where the page's socket resumes.
+    newest_seq: int = 0
 
     @property
     def first_seq(self) -> int:
@@ -74,7 +76,17 @@ def page_of_items(
             items = display.build_items([e for e in events if e.seq >= items[0].seq], later)
     if shape.branched and items:
         _mark_versions(items, shape, first_event=events[0].seq, whole=not has_older)
-    return Page(chat_id, items, has_older)
+    return Page(chat_id, items, has_older, events[-1].seq if events else 0)
+
+
+def resume_seq(chat: Any, page: Page) -> int:
+    """The seq a newest page tells its socket it has (``#seq-marker``).
+
+    The chat row is read before the page's events: a reply written in between is on
+    the page but not in the row's count, and a marker from the row alone had the
+    socket's resync push that reply a second time (two copies of one reply).
+    """
+    return max(chat.last_display_seq, page.newest_seq)
 
 
 def _mark_versions(

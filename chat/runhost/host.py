@@ -29,7 +29,7 @@ from chat.core import eventlog
 from chat.core.channels import LiveChannels
 from chat.core.messages import ChatMessage, ToolCall, assistant
 from chat.core.voices import Voices, VoiceSplitter, split_reply
-from chat.live.doorbell import aring, events_doorbell, ring
+from chat.live.doorbell import aring, events_doorbell, ring, ring_now
 from chat.models import QueuedInput, Run, ToolApproval
 from chat.presentation import fragments
 from chat.presentation.markdown import StreamingMarkdown, remember_rendered
@@ -90,7 +90,7 @@ class DjangoRunHost:
         self.voice_markdown: list[StreamingMarkdown] = []
         self.voice_html: list[tuple[str, str]] = []  # per reply: (its text, its HTML)
         self.voice_splitter: VoiceSplitter | None = None
-        self._push_due: asyncio.TimerHandle | _PushAfterCurrent | None = None
+        self._push_due: asyncio.Handle | _PushAfterCurrent | None = None
         self._unwritten: list[tuple[ev.RunEvent, dict[str, Any]]] = []
         self._events_due: asyncio.TimerHandle | None = None
         self._writing: asyncio.Future | None = None
@@ -275,8 +275,14 @@ class DjangoRunHost:
             # Coalesced: text arriving before the push is due goes out in that push, so
             # no text waits longer than one interval, and a quiet stream is pushed at once.
             gap = settings.LYCEUM_STREAM_PUSH_INTERVAL * PUSH_GAP
-            wait = max(0.0, self.last_push + gap - now)
-            self._push_due = asyncio.get_running_loop().call_later(wait, self._push_when_due)
+            wait = self.last_push + gap - now
+            loop = asyncio.get_running_loop()
+            # Due now (a read's text, the pushes a read apart): after this turn, the rest
+            # of the read with it, and without a timer on the loop's heap.
+            if wait <= 0:
+                self._push_due = loop.call_soon(self._push_when_due)
+            else:
+                self._push_due = loop.call_later(wait, self._push_when_due)
 
     def _push_when_due(self) -> None:
         if self._pushing is not None and not self._pushing.done():
@@ -287,7 +293,11 @@ class DjangoRunHost:
             return
         self._push_due = None
         self.last_push = time.monotonic()
-        if self.partial != ("", ""):
+        if self.partial == ("", ""):
+            return
+        # On a layer that sends without waiting, the snapshot goes out here, with no task
+        # made for it; else (Redis, or the run's start still to write first) in a task.
+        if self._unwritten or not ring_now(self.chat_id, self._snapshot):
             self._pushing = asyncio.ensure_future(self.push_stream())
 
     def _push_if_waiting(self, _pushed: asyncio.Future) -> None:
@@ -312,6 +322,15 @@ class DjangoRunHost:
         if self._unwritten:  # the run's start reaches the page (and the API) first
             await self.write_events()
         text, reasoning = self.partial
+        await aring(
+            self.chat_id,
+            self._snapshot(),
+            keep=pushed.keep_args(str(self.run.pk), self.round, text, reasoning),
+        )
+
+    def _snapshot(self) -> dict[str, Any]:
+        """The stream snapshot of the reply so far, as every subscriber gets it."""
+        text, reasoning = self.partial
         run_id = str(self.run.pk)
         # Rendered here, once, for every subscriber (and in the worker, when runs run
         # in one): only the reply's last block is rendered again.
@@ -323,21 +342,17 @@ class DjangoRunHost:
             html = fragments.stream_slot(
                 run_id, reasoning=reasoning, voices=self._voices_html(text)
             )
-        await aring(
-            self.chat_id,
-            {
-                "type": "chat.stream",
-                "chat_id": str(self.chat_id),
-                "run_id": run_id,
-                "round": self.round,
-                "speakers": self.run.speakers or [],
-                "text": text,
-                "reasoning": reasoning,
-                "html": html,
-                "sent_at": time.time(),
-            },
-            keep=pushed.keep_args(run_id, self.round, text, reasoning),
-        )
+        return {
+            "type": "chat.stream",
+            "chat_id": str(self.chat_id),
+            "run_id": run_id,
+            "round": self.round,
+            "speakers": self.run.speakers or [],
+            "text": text,
+            "reasoning": reasoning,
+            "html": html,
+            "sent_at": time.time(),
+        }
 
     def _voices_html(self, text: str) -> list[tuple[str, str]]:
         """Each speaker's reply so far, rendered.

@@ -954,3 +954,18 @@ async def test_a_sends_doorbell_carries_its_events_rendered_in_the_senders_langu
     assert doorbell["after"] == sent.display_seq - 1
     assert [kind for _seq, kind, _short in doorbell["events"]] == ["msg", "title"]
     assert "hello &lt;b&gt;loop&lt;/b&gt;" in doorbell["html"]
+
+
+def test_frames_go_to_the_servers_send_under_the_session_wrappers():
+    from channels.sessions import InstanceSessionWrapper
+
+    from chat.live.direct import frame_send
+
+    async def server_send(message):
+        pass
+
+    scope = {"type": "websocket", "cookies": {}}
+    outer = InstanceSessionWrapper(scope, server_send)
+    inner = InstanceSessionWrapper(outer.scope, outer.send)  # not the outermost: passes through
+    assert frame_send(inner.send) is server_send
+    assert frame_send(server_send) is server_send

@@ -188,13 +188,14 @@ async def test_happy_path_text_reasoning_and_usage(fake_openai: FakeOpenAI, prov
     req = request("Hi!", system_prompt="Be brief.", max_tokens=50, temperature=0.5)
     chunks, error = await collect(provider, req)
     assert error is None
-    assert chunks[:5] == [
-        ReasoningDelta("Thinking"),
-        ReasoningDelta(" it"),
-        ReasoningDelta(" over"),
-        TextDelta("Hello"),
-        TextDelta(" there,"),
-    ]
+    # A read's deltas come merged (wire.merge_deltas): where the text splits depends on
+    # the reads, the order and the whole text do not.
+    deltas = [c for c in chunks if isinstance(c, (ReasoningDelta, TextDelta))]
+    first_text = next(i for i, c in enumerate(deltas) if isinstance(c, TextDelta))
+    assert all(isinstance(c, ReasoningDelta) for c in deltas[:first_text])
+    assert all(isinstance(c, TextDelta) for c in deltas[first_text:])
+    assert "".join(c.text for c in deltas[:first_text]) == "Thinking it over"
+    assert "".join(c.text for c in deltas[first_text:]) == "Hello there, world"
     assert chunks[-1] == StreamEnd(
         finish_reason="stop",
         tool_calls=[],
@@ -359,6 +360,27 @@ async def test_malformed_line_after_tokens(fake_openai: FakeOpenAI, provider):
     fake_openai.enqueue(Script(text="a b c", fault_after=1, malformed=True))
     chunks, error = await collect(provider)
     assert text_of(chunks) == "a"
+    assert (error.category, error.streamed) == ("malformed_stream", True)
+
+
+async def test_a_reads_deltas_come_merged(fake_openai: FakeOpenAI, provider):
+    """One read's deltas go on as one per kind, in order (a paced read brings several)."""
+    fake_openai.enqueue(
+        Script(tokens=["a", " b", " c"], reasoning_tokens=["x", "y"], coalesce=True)
+    )
+    chunks, error = await collect(provider)
+    assert error is None
+    assert chunks[:2] == [ReasoningDelta("xy"), TextDelta("a b c")]
+
+
+async def test_the_deltas_of_a_read_before_its_failing_event_still_go_out(
+    fake_openai: FakeOpenAI, provider
+):
+    fake_openai.enqueue(
+        Script(tokens=["a", " b", " c"], fault_after=2, malformed=True, coalesce=True)
+    )
+    chunks, error = await collect(provider)
+    assert chunks == [TextDelta("a b")]
     assert (error.category, error.streamed) == ("malformed_stream", True)
 
 

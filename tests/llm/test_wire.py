@@ -33,6 +33,7 @@ from chat.llm.wire import (
     build_payload,
     completion_from_reply,
     completion_to_chunk,
+    merge_deltas,
     messages_from_openai,
     request_from_payload,
     to_openai_messages,
@@ -449,3 +450,50 @@ def test_a_whole_reply_relayed_as_a_stream_sends_its_text_at_the_end():
     chunks: list[StreamChunk] = [TextDelta("All "), end]
     _, again = accumulate(ChunkEncoder("m").encode_all(chunks))
     assert again.text == "All of it"
+
+
+# --- a read's deltas merged ----------------------------------------------------------------
+
+
+def test_merge_deltas_joins_runs_of_one_kind_and_keeps_the_order():
+    started = ToolCallStarted(index=0, id="c1", name="read")
+    chunks = [
+        ReasoningDelta("x"),
+        ReasoningDelta("y"),
+        TextDelta("a"),
+        TextDelta(" b"),
+        started,
+        started,
+        TextDelta(" c"),
+        ReasoningDelta("z"),
+    ]
+    assert merge_deltas(chunks) == [
+        ReasoningDelta("xy"),
+        TextDelta("a b"),
+        started,
+        started,
+        TextDelta(" c"),
+        ReasoningDelta("z"),
+    ]
+    assert merge_deltas([]) == []
+    assert merge_deltas([TextDelta("a")]) == [TextDelta("a")]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["text", "reasoning", "call"]), st.text(min_size=1))))
+def test_merged_deltas_carry_the_same_text_and_calls(pieces):
+    kinds = {"text": TextDelta, "reasoning": ReasoningDelta}
+    chunks = [
+        kinds[kind](text) if kind in kinds else ToolCallStarted(index=0, id="c", name=text)
+        for kind, text in pieces
+    ]
+    merged = merge_deltas(chunks)
+    for kind in (TextDelta, ReasoningDelta):
+        assert "".join(c.text for c in merged if type(c) is kind) == "".join(
+            c.text for c in chunks if type(c) is kind
+        )
+    assert [c for c in merged if type(c) is ToolCallStarted] == [
+        c for c in chunks if type(c) is ToolCallStarted
+    ]
+    assert all(
+        type(a) is not type(b) or type(a) is ToolCallStarted for a, b in itertools.pairwise(merged)
+    )

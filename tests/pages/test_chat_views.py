@@ -74,6 +74,26 @@ def test_a_short_chat_shows_every_item_and_no_sentinel(alice_client, alice):
     assert 'id="seq-marker" data-seq="12"' in html
 
 
+def test_a_reply_written_while_the_page_is_read_is_on_it_once(alice_client, alice, monkeypatch):
+    # The chat row is read (access check) before the page's events: a reply written in
+    # between is on the page, and the marker must say so, or the socket's resync pushes
+    # it again and the page shows the reply twice.
+    from chat import views
+
+    chat = store.create_chat(alice, title="Racing")
+    notes(chat, 2)
+    read_page = views.page_of_items
+
+    def reply_lands_first(*args, **kwargs):
+        store.append_display_messages(chat.pk, [ChatMessage(role="assistant", content="Hi!")])
+        return read_page(*args, **kwargs)
+
+    monkeypatch.setattr(views, "page_of_items", reply_lands_first)
+    html = alice_client.get(f"/chat/{chat.pk}/").content.decode()
+    assert item_seqs(html) == [1, 2, 3]
+    assert 'id="seq-marker" data-seq="3"' in html
+
+
 def test_the_chat_page_shows_the_last_50_items_and_a_load_older_sentinel(alice_client, alice):
     chat = store.create_chat(alice, title="Long history")
     notes(chat, 60)

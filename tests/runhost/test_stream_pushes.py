@@ -10,6 +10,8 @@ from channels.db import database_sync_to_async
 
 from chat import actions, store
 from chat.agent import events as ev
+from chat.live import doorbell as live_doorbell
+from chat.live.layers import LeanInMemoryChannelLayer, live_layer
 from chat.models import Run
 from chat.presentation import fragments, markdown
 from chat.presentation.markdown import render_markdown_uncached
@@ -30,7 +32,12 @@ async def host(alice, agent, settings, monkeypatch):
     async def capture(chat_id, message, keep=None):
         made.pushed.append(message)
 
+    def capture_now(chat_id, make_message):
+        made.pushed.append(make_message())
+        return True
+
     monkeypatch.setattr(run_host, "aring", capture)
+    monkeypatch.setattr(run_host, "ring_now", capture_now)
     yield made
     made.stop_pushing()
 
@@ -97,6 +104,7 @@ async def test_pushes_do_not_overlap_and_the_one_waiting_goes_out_after(host, mo
         await release.wait()
 
     monkeypatch.setattr(run_host, "aring", slow)
+    monkeypatch.setattr(run_host, "ring_now", lambda chat_id, make: False)  # a layer that waits
     await host.stream_update("one", "")
     await asyncio.sleep(0.02)
     await host.stream_update("one two", "")
@@ -106,6 +114,23 @@ async def test_pushes_do_not_overlap_and_the_one_waiting_goes_out_after(host, mo
     release.set()
     await asyncio.sleep(0.05)
     assert [m["text"] for m in host.pushed] == ["one", "one two"]
+
+
+async def test_on_the_in_memory_layer_a_snapshot_goes_out_without_a_task(host, monkeypatch):
+    monkeypatch.setattr(run_host, "ring_now", live_doorbell.ring_now)
+    layer = live_layer()
+    assert isinstance(layer, LeanInMemoryChannelLayer)
+    channel = await layer.new_channel()
+    await layer.group_add(live_doorbell.chat_group(host.chat_id), channel)
+    made = []
+    monkeypatch.setattr(asyncio, "ensure_future", lambda *a, **k: made.append(a))
+
+    await host.stream_update("Hello", "")
+    await asyncio.sleep(0.02)
+    message = await asyncio.wait_for(layer.receive(channel), 1)
+    assert (message["type"], message["text"]) == ("chat.stream", "Hello")
+    assert "Hello" in message["html"]
+    assert made == [] and host._pushing is None
 
 
 def _kinds(chat_id) -> list[str]:
