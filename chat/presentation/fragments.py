@@ -293,6 +293,22 @@ def _changes_artifacts(event: StoredEvent) -> bool:
     return event.kind == "msg" and bool((event.payload.get("extra") or {}).get("attachments"))
 
 
+# The kinds that set the run's status line (each has a text in :func:`_status_for`).
+STATUS_KINDS = frozenset(
+    {
+        "run_start",
+        "iteration_start",
+        "hand_end",
+        "tool_end",
+        "retrying",
+        "compacting",
+        "approval_required",
+        "hand_start",
+        "tool_start",
+    }
+)
+
+
 def _status_for(event: StoredEvent) -> str | None:
     p = event.payload
     match event.kind:
@@ -316,15 +332,39 @@ def _status_for(event: StoredEvent) -> str | None:
     return None
 
 
-def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
-    """What to push for display events just written (oldest first)."""
+def _last_swaps(events: list[StoredEvent]) -> tuple[int, dict[str, int]]:
+    """The seq of the batch's last context gauge and of each tool call's last status.
+
+    Each replaces its element by id, so within one frame only the last one shows: a
+    resync of 1,000 events rendered 167 gauges and 116 call statuses for 5 and 58
+    that show (the templates' translations made each dearer than before issue 16).
+    """
+    gauge = 0
+    calls: dict[str, int] = {}
+    for event in events:
+        if event.kind == "context_usage":
+            gauge = event.seq
+        elif event.kind in display.CALL_EVENT_KINDS:
+            calls[event.payload.get("call_id", "")] = event.seq
+    return gauge, calls
+
+
+def fragments_for_events(
+    events: list[StoredEvent], chat_id: str, *, shape: branches.Structure | None = None
+) -> str:
+    """What to push for display events just written (oldest first).
+
+    ``shape``: the chat's branches if the caller read them already (a resync's batch).
+    """
     if any(event.kind in branches.KINDS for event in events):
         # The path changed (an edit, a regeneration, a switch of version): the whole list.
         return pages.message_list(chat_id, events[-1].seq) + seq_marker(events[-1].seq)
     parts: list[str] = []
     items_html: list[str] = []
     status: str | None = None
+    status_from: StoredEvent | None = None  # its text is made once, for the last one
     busy: bool | None = None
+    last_gauge, last_call = _last_swaps(events)
 
     def flush_items() -> None:
         if items_html:
@@ -333,15 +373,15 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
 
     ended = False  # a run ended in this batch: what it closes after does not bring it back
     new_items = [item for event in events if (item := display.item_from_event(event))]
-    pages.mark_new_versions(chat_id, new_items, events[0].seq if events else 0)
+    pages.mark_new_versions(chat_id, new_items, events[0].seq if events else 0, shape)
     made = {item.seq: item for item in new_items}
     for event in events:
-        if (text := _status_for(event)) is not None and (not ended or event.kind == "run_start"):
-            status = text
+        if event.kind in STATUS_KINDS and (not ended or event.kind == "run_start"):
+            status_from = event
         if event.kind == "run_start":
             busy, ended = True, False
         elif event.kind in TERMINAL:
-            status, busy, ended = "", False, True
+            status, status_from, busy, ended = "", None, False, True
         item = made.get(event.seq)
         if item is not None:
             items_html.append(display.render_item(item, chat_id=chat_id))
@@ -362,7 +402,8 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
         if event.kind in display.CALL_EVENT_KINDS:
             call = display.CallState(p.get("call_id", ""), p.get("name", ""), "")
             call.apply(event.kind, p)
-            parts.append(_oob("chat/_call_status.html", call=call))
+            if last_call[call.id] == event.seq:
+                parts.append(_oob("chat/_call_status.html", call=call))
             if event.kind in ("approval_required", "approval_decided"):
                 # Only approval events change the approval box; a later tool_start must
                 # not blank the decision shown (a loaded page keeps it too).
@@ -371,10 +412,13 @@ def fragments_for_events(events: list[StoredEvent], chat_id: str) -> str:
             seq = int(p.get("input_seq", 0))
             parts.append(f'<span id="queued-{seq}" hx-swap-oob="true"></span>')
         elif event.kind == "context_usage":
-            parts.append(gauge(p))
+            if event.seq == last_gauge:
+                parts.append(gauge(p))
         elif event.kind == "title":
             parts.append(title(chat_id, p.get("title", "")))
     flush_items()
+    if status_from is not None:
+        status = _status_for(status_from)
     if status is not None:
         parts.append(run_status(status))
     if busy is not None:
@@ -428,4 +472,4 @@ def next_batch(chat_id: str, after_seq: int) -> tuple[list[StoredEvent], str]:
         html = pages.message_list(chat_id, upto, shape) + seq_marker(upto)
         return [*shown, StoredEvent(upto, "path", {})], html
     events = store.display_events_after(chat_id, after_seq, REPLAY_BATCH, shape=shape)
-    return events, fragments_for_events(events, chat_id) if events else ""
+    return events, fragments_for_events(events, chat_id, shape=shape) if events else ""

@@ -109,13 +109,19 @@ def message_list(chat_id, upto: int, shape: branches.Structure | None = None) ->
     return render_to_string("chat/_message_list.html", {"page": page, "chat": chat})
 
 
-def mark_new_versions(chat_id, items: list[display.DisplayItem], first_event: int) -> None:
+def mark_new_versions(
+    chat_id,
+    items: list[display.DisplayItem],
+    first_event: int,
+    shape: branches.Structure | None = None,
+) -> None:
     """Give items just written their switcher: the first item after the newest branch point
-    (a regenerated reply, an edited message) when nothing shown comes between them."""
+    (a regenerated reply, an edited message) when nothing shown comes between them.
+    ``shape``: the chat's branches if the caller read them already (a resync's batch did)."""
     items = [i for i in items if i.kind in VERSIONED]
     if not items:
         return
-    shape = store.branch_shape(chat_id)
+    shape = store.branch_shape(chat_id) if shape is None else shape
     groups = shape.versions()
     if not groups:
         return
