@@ -16,11 +16,6 @@ from django.conf import settings as django_settings
 from chat.models import RelayLimit, UsageCounter
 from chat.relay import limits, nowait
 
-pytestmark = pytest.mark.skipif(
-    "sqlite" not in django_settings.DATABASES["default"]["ENGINE"],
-    reason="the event loop's admission is SQLite's",
-)
-
 
 @pytest.fixture
 def db_limits(settings, transactional_db):
@@ -152,6 +147,20 @@ def test_limits_in_redis_or_a_lockout_are_not_admitted_here(db_limits, alice):
     db_limits.REDIS_URL = ""
     assert nowait.admit([limits.Policy(f"user:{alice.pk}", 60, 5, 100, lockout=30)], 1) is None
     assert _counter(policies[0]).reserved_tokens == 0
+
+
+def test_a_database_other_than_sqlite_is_admitted_on_the_database_thread(
+    db_limits, alice, monkeypatch
+):
+    policies = [limits.Policy(f"user:{alice.pk}", 60, 5, 100)]
+    _made(policies)
+    default = django_settings.DATABASES["default"]
+    monkeypatch.setitem(default, "ENGINE", "django.db.backends.postgresql")
+    nowait.close()
+    assert nowait.admit(policies, 10) is None
+    monkeypatch.undo()
+    assert nowait.admit(policies, 10) is not None  # the same request, SQLite again
+    assert _counter(policies[0]).reserved_tokens == 10
 
 
 @pytest.mark.django_db(transaction=True)
