@@ -173,6 +173,24 @@ def test_the_page_shows_a_typing_reply_only_while_a_run_is_writing(alice_client,
     assert ">Stop</button>" in html  # the run can still be stopped
 
 
+RUN_STATUS = re.compile(r'<div id="run-status"[^>]*>(.*?)</div>', re.S)
+
+
+def run_status_on(client, chat) -> str:
+    return RUN_STATUS.search(client.get(f"/chat/{chat.pk}/").content.decode()).group(1)
+
+
+def test_the_status_line_says_what_the_run_does_and_nothing_when_none_runs(alice_client, alice):
+    chat = store.create_chat(alice, title="Status")
+    assert run_status_on(alice_client, chat) == ""
+    run = Run.objects.create(chat=chat, model="demo")
+    assert run_status_on(alice_client, chat) == "Working…"
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.WAITING)
+    assert run_status_on(alice_client, chat) == "Waiting for your approval"
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.COMPLETED)
+    assert run_status_on(alice_client, chat) == ""
+
+
 def test_older_needs_a_numeric_cursor(alice_client, alice):
     chat = store.create_chat(alice)
     assert alice_client.get(f"/chat/{chat.pk}/older/", {"before": "x"}).status_code == 400
