@@ -83,7 +83,7 @@ def summary(records: Any, days: int = 30) -> dict[str, Any]:
         .values("day")
         .annotate(p=Sum("prompt_tokens"), c=Sum("completion_tokens"))
     }
-    today = timezone.now().date()
+    today = timezone.localdate()  # the days TruncDate gives: the site's time zone
     series = [(today - timedelta(days=i), 0) for i in range(days - 1, -1, -1)]
     series = [(day, per_day.get(day, 0)) for day, _ in series]
     peak = max((v for _, v in series), default=0) or 1

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from chat.models import RelayLimit, UsageRecord
 
@@ -39,6 +41,19 @@ def test_a_user_sees_their_usage_and_limits(alice_client, alice, bob):
     assert "<svg" in html and "<rect" in html and "<script" not in body
     assert "(estimated)" in html and "nightly" in html
     assert 'href="/usage/"' in html  # linked in the top bar
+
+
+def test_the_chart_spans_the_last_30_days_up_to_today(alice_client, alice):
+    _record(alice, "gpt-relay", 100, 50)
+    html = alice_client.get("/usage/").content.decode()
+    today = timezone.localdate()
+    first = today - timedelta(days=29)
+    assert re.search(rf"<span>{first.isoformat()}</span><span>{today.isoformat()}</span>", html)
+    bars = re.findall(r'<rect x="(\d+)" y="(\d+)" width="(\d+)" height="(\d+)"', html)
+    assert len(bars) == 30
+    assert int(bars[-1][3]) > 0 and all(int(bar[3]) == 0 for bar in bars[:-1])  # today's only
+    # The bars fill the chart's width on any screen, not a box of fixed proportions.
+    assert 'preserveAspectRatio="none"' in html
 
 
 def test_staff_see_everyone(client, make_user, alice, bob):
