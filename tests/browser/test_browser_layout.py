@@ -4,7 +4,8 @@ On a desktop the chat page is three columns (the chat list, the messages, the
 artifacts beside them) and the class chat two (the messages, the lesson's scene
 beside them): a phone rule once dropped the artifacts' column, which put the panel
 under the chat list, and the class chat had its messages in the chat list's narrow
-column. On a phone the class chat shows the scene above the messages.
+column. On a phone the class chat shows the scene above the messages. An artifact's
+page keeps its versions beside a source with long lines, which scrolls in its own box.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from chat import store
+from chat import artifacts, store
+from chat.models import Artifact
 from classroom import actions
 from tests.browser.test_browser_chat import WAIT_MS, messages, serve  # noqa: F401
 from tests.conftest import login
@@ -87,3 +89,23 @@ def test_the_class_chat_has_the_messages_and_the_scene_side_by_side(
     expect(scene.get_by_role("heading", name="Common denominators")).to_be_visible()
     assert box(scene)["y"] < box(messages(phone))["y"]
     assert_fits(phone, "class chat")
+
+
+def test_an_artifact_with_long_lines_keeps_the_page_to_the_screens_width(
+    serve,  # noqa: F811 - the fixture of test_browser_chat
+    browser,
+    alice,
+):
+    chat = store.create_chat(alice, title="Files")
+    line = "x = [" + ", ".join(str(n) for n in range(400)) + "]\n"
+    artifacts.save_version(chat.pk, "wide.py", line.encode() * 3, source="file", card=False)
+    artifact = Artifact.objects.get(chat=chat)
+    base = serve()
+    page = page_at(browser, DESKTOP)
+    login(page, base, "alice")
+    page.goto(f"{base}/artifacts/{artifact.pk}/")
+    versions = box(page.get_by_role("navigation", name="Versions"))
+    assert versions["x"] + versions["width"] <= DESKTOP["width"] + 1
+    assert page.evaluate("document.documentElement.scrollWidth") <= DESKTOP["width"]
+    content = box(page.get_by_role("region", name="Content"))
+    assert content["x"] + content["width"] <= versions["x"] + 1
