@@ -226,10 +226,14 @@ def send_message(
     thinking: bool = True,
     edit_of: int | None = None,
     attachments: list[str] | None = None,
+    language: str = "",
 ) -> SendResult:
     """Store a user message once per ``client_id``; start a run unless one is live.
 
     ``attachments`` are ids of versions attached to this chat (:func:`attach_file`).
+    ``language`` is the sender's page's: the owner writing from a page in another
+    language than the chat's moves the chat to it (its live fragments and the model's
+    replies follow), as someone who switched the interface expects.
     """
     text = _checked_text(text)
     client_id = _checked_client_id(client_id)
@@ -239,6 +243,9 @@ def send_message(
         return existing
     try:
         with transaction.atomic():
+            if language and language != chat.language and chat.owner_id == user.pk:
+                ChatSession.objects.filter(pk=chat.pk).update(language=language)
+                chat.language = language
             return _record_send(user, chat, text, client_id, thinking, edit_of, attachments)
     except IntegrityError:
         # Two sends with the same client id raced; the first one won.

@@ -233,6 +233,7 @@ class ChatConsumer(DirectDispatch, AsyncWebsocketConsumer):
             _text(frame, "message"),
             _text(frame, "client_id"),
             attachments=[str(a) for a in attached if isinstance(a, str)][:20],
+            language=scope_language(self.scope),
         )
         await self._send_html(fragments.composer_reset(self.chat_id))
 

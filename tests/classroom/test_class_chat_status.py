@@ -17,7 +17,9 @@ RUN_STATUS = re.compile(r'<div id="run-status"[^>]*>(.*?)</div>', re.S)
 
 def status_line(client, classroom) -> str:
     html = client.get(f"/classes/{classroom.pk}/chat/").content.decode()
-    return RUN_STATUS.search(html).group(1)
+    found = RUN_STATUS.search(html)
+    assert found, "the page has a status line"
+    return found.group(1)
 
 
 def test_the_class_chat_status_line_follows_the_run(room):  # noqa: F811

@@ -289,16 +289,20 @@ def session_cookie(user) -> str:
 
 
 async def open_socket(
-    user, chat_id, *, origin: bytes | None = ORIGIN, resync: int | None = 0
+    user, chat_id, *, origin: bytes | None = ORIGIN, resync: int | None = 0, language: str = ""
 ) -> tuple[Socket, bool, Any]:
     """A communicator on the chat's socket; returns it, whether it was accepted, and
-    the close code (when refused). ``resync`` is what the page sends once open."""
+    the close code (when refused). ``resync`` is what the page sends once open;
+    ``language``, the language picker's cookie of the page."""
     headers = []
     if origin is not None:
         headers.append((b"origin", origin))
     if user is not None:
         sid = await adb(session_cookie)(user)
-        headers.append((b"cookie", f"{django_settings.SESSION_COOKIE_NAME}={sid}".encode()))
+        cookie = f"{django_settings.SESSION_COOKIE_NAME}={sid}"
+        if language:
+            cookie += f"; {django_settings.LANGUAGE_COOKIE_NAME}={language}"
+        headers.append((b"cookie", cookie.encode()))
     comm = WebsocketCommunicator(application, f"/ws/chat/{chat_id}/", headers=headers)
     connected, code = await comm.connect(timeout=WAIT)
     socket = Socket(comm)
@@ -429,6 +433,31 @@ async def test_a_reply_arrives_as_fragments_in_order(alice, agent, layer_kind):
     assert markers(pieces)[-1] == await adb(last_seq)(chat.pk)
     assert run.status == Run.Status.COMPLETED
     assert "hello there" in pieces[assistant_at].text  # the demo model quotes the user
+    await socket.close()
+
+
+async def test_the_owner_writing_from_a_chinese_page_moves_an_english_chat_to_chinese(alice, agent):
+    chat = await new_chat(alice, model="demo")
+    assert chat.language != "zh-hans"
+    socket, ok, _code = await open_socket(alice, chat.pk, language="zh-hans")
+    assert ok
+    await socket.send(action="send", message="hello there", client_id="c-zh")
+    pieces = await socket.until(is_usage)
+    await settle()
+    assert (await ChatSession.objects.aget(pk=chat.pk)).language == "zh-hans"
+    reply = next(p for p in pieces if is_assistant(p))
+    assert "我是 Lyceum 的离线演示模型" in reply.text  # the model asked to answer in Chinese
+    controls = [p for p in pieces if "重新生成" in p.text]
+    assert controls, "the run's live fragments are rendered in Chinese"
+    await socket.close()
+
+    # Sending from an English page moves it back (the page is up to date: a resync
+    # from 0 would read the first reply's end back before this send's).
+    socket = await connected(alice, chat.pk, resync=await adb(last_seq)(chat.pk))
+    await socket.send(action="send", message="hello again", client_id="c-en")
+    await socket.until(is_usage)
+    await settle()
+    assert (await ChatSession.objects.aget(pk=chat.pk)).language == "en"
     await socket.close()
 
 

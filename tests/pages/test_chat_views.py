@@ -177,7 +177,9 @@ RUN_STATUS = re.compile(r'<div id="run-status"[^>]*>(.*?)</div>', re.S)
 
 
 def run_status_on(client, chat) -> str:
-    return RUN_STATUS.search(client.get(f"/chat/{chat.pk}/").content.decode()).group(1)
+    found = RUN_STATUS.search(client.get(f"/chat/{chat.pk}/").content.decode())
+    assert found, "the page has a status line"
+    return found.group(1)
 
 
 def test_the_status_line_says_what_the_run_does_and_nothing_when_none_runs(alice_client, alice):
