@@ -17,9 +17,10 @@ from chat.access import ChatAction, can_access_chat
 from chat.actions import ActionError
 from chat.catalog import available_models
 from chat.presentation.markdown import render_markdown_uncached
+from chat.presentation.pages import page_of_items, resume_seq
 from chat.roles import is_teacher
 from chat.runhost import transitions
-from chat.views import _stream_html, page_of_items, resume_seq
+from chat.views import _stream_html
 from classroom import actions, exports, panels, wall
 from classroom.access import (
     ClassAction,

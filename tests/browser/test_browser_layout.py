@@ -6,6 +6,7 @@ beside them): a phone rule once dropped the artifacts' column, which put the pan
 under the chat list, and the class chat had its messages in the chat list's narrow
 column. On a phone the class chat shows the scene above the messages. An artifact's
 page keeps its versions beside a source with long lines, which scrolls in its own box.
+The usage chart spans its box: today's bar ends at its right edge.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from playwright.sync_api import expect
 
 from chat import artifacts, store
-from chat.models import Artifact
+from chat.models import Artifact, UsageRecord
 from classroom import actions
 from tests.browser.test_browser_chat import WAIT_MS, messages, serve  # noqa: F401
 from tests.conftest import login
@@ -109,3 +110,21 @@ def test_an_artifact_with_long_lines_keeps_the_page_to_the_screens_width(
     assert page.evaluate("document.documentElement.scrollWidth") <= DESKTOP["width"]
     content = box(page.get_by_role("region", name="Content"))
     assert content["x"] + content["width"] <= versions["x"] + 1
+
+
+def test_the_usage_charts_bar_of_today_ends_at_the_charts_right_edge(
+    serve,  # noqa: F811 - the fixture of test_browser_chat
+    browser,
+    alice,
+):
+    UsageRecord.objects.create(
+        user=alice, model="demo", status="ok", prompt_tokens=100, completion_tokens=50
+    )
+    base = serve()
+    page = page_at(browser, DESKTOP)
+    login(page, base, "alice")
+    page.goto(f"{base}/usage/")
+    chart = box(page.get_by_role("img", name="Tokens per day, highest 150"))
+    today = box(page.locator(".usage-chart rect").last)
+    assert today["height"] > 50  # the day's tokens are the highest: a full bar
+    assert chart["x"] + chart["width"] - (today["x"] + today["width"]) < chart["width"] / 30

@@ -3,23 +3,17 @@ none runs (it once showed "None", and a run's own name while one ran)."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from chat.models import Run
 from tests.classroom.test_resume_markers import logged_in, room  # noqa: F401 - a fixture by name
+from tests.pages.test_chat_views import run_status_of
 
 pytestmark = pytest.mark.django_db
 
-RUN_STATUS = re.compile(r'<div id="run-status"[^>]*>(.*?)</div>', re.S)
-
 
 def status_line(client, classroom) -> str:
-    html = client.get(f"/classes/{classroom.pk}/chat/").content.decode()
-    found = RUN_STATUS.search(html)
-    assert found, "the page has a status line"
-    return found.group(1)
+    return run_status_of(client.get(f"/classes/{classroom.pk}/chat/").content.decode())
 
 
 def test_the_class_chat_status_line_follows_the_run(room):  # noqa: F811

@@ -176,10 +176,15 @@ def test_the_page_shows_a_typing_reply_only_while_a_run_is_writing(alice_client,
 RUN_STATUS = re.compile(r'<div id="run-status"[^>]*>(.*?)</div>', re.S)
 
 
-def run_status_on(client, chat) -> str:
-    found = RUN_STATUS.search(client.get(f"/chat/{chat.pk}/").content.decode())
+def run_status_of(html: str) -> str:
+    """The text of a page's run status line."""
+    found = RUN_STATUS.search(html)
     assert found, "the page has a status line"
     return found.group(1)
+
+
+def run_status_on(client, chat) -> str:
+    return run_status_of(client.get(f"/chat/{chat.pk}/").content.decode())
 
 
 def test_the_status_line_says_what_the_run_does_and_nothing_when_none_runs(alice_client, alice):
